@@ -1,0 +1,37 @@
+"""ipycloud: make cloud notebooks a dependable place to train deep-learning models.
+
+``%load_ext ipycloud`` registers the magics. Importing the package is cheap: the runtime
+and every heavy dependency load only when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ipycloud._version import __version__
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+# Public names served from the runtime on first access, so ``import ipycloud`` stays light.
+_LAZY_ATTRIBUTES = {
+    "environment_report": "ipycloud.runtime.report",
+    "detect_platform": "ipycloud.runtime.platform",
+}
+
+__all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_ATTRIBUTES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ipycloud' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_ipython_extension(ipython: InteractiveShell) -> None:
+    """Register ipycloud's magics: ``%load_ext ipycloud``."""
+    from ipycloud.magics import register_all
+
+    register_all(ipython)

@@ -1,0 +1,15 @@
+"""IPython magics: thin fronts that parse a line, call the runtime and return a rich object."""
+
+from __future__ import annotations
+
+from IPython.core.interactiveshell import InteractiveShell
+
+from ipycloud.magics.gpuinfo import GpuInfoMagics
+
+MAGICS = (GpuInfoMagics,)
+
+
+def register_all(ipython: InteractiveShell) -> None:
+    """Register every ipycloud magics class on ``ipython``."""
+    for magics in MAGICS:
+        ipython.register_magics(magics)

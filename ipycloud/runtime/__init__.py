@@ -1,0 +1,1 @@
+"""The shared runtime layer: pure Python, no IPython or widget imports."""

@@ -1,0 +1,174 @@
+"""A snapshot of the machine this kernel runs on: platform, CPU, memory, disks, GPUs, software.
+
+Memory and CPU figures account for cgroup limits, so on Colab or Kaggle they say what the
+container really gets rather than what the host has. Nothing here raises for a missing
+GPU, driver or package: such fields are None.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform as _platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ipycloud.runtime import nvml
+from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
+from ipycloud.runtime.platform import Platform, detect_platform
+from ipycloud.runtime.software import SoftwareInfo, probe_software
+
+
+@dataclass(frozen=True)
+class DiskInfo:
+    """Space on the file system holding one of the session's folders."""
+
+    role: str  # "working", "persistent" or "scratch"
+    path: str
+    total: int | None  # bytes; None when the folder does not exist (e.g. Drive not mounted)
+    free: int | None
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """CPU, memory and swap, with the container's own limits applied."""
+
+    cpu_model: str | None
+    cpu_logical: int | None  # logical CPUs on the host
+    cpu_physical: int | None  # physical cores on the host
+    cpu_usable: float | None  # cores this process may use: affinity and cgroup quota
+    memory_total: int  # bytes on the host
+    memory_available: int  # bytes the host can still give
+    memory_limit: int | None  # the container's cgroup memory limit, None when unlimited
+    swap_total: int
+    swap_used: int
+    cgroup: CgroupLimits
+
+    @property
+    def memory_usable(self) -> int:
+        """The RAM this kernel can really have: the host's total or the container's limit."""
+        if self.memory_limit is None:
+            return self.memory_total
+        return min(self.memory_total, self.memory_limit)
+
+    @property
+    def memory_free(self) -> int:
+        """Memory still free for this kernel: the tighter of the host's and the container's."""
+        if self.memory_limit is None or self.cgroup.memory_usage is None:
+            return self.memory_available
+        return max(0, min(self.memory_available, self.memory_limit - self.cgroup.memory_usage))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything ``%gpuinfo`` and ``ipycloud info`` report."""
+
+    platform: Platform
+    host: HostInfo
+    disks: tuple[DiskInfo, ...]
+    gpus: nvml.GpuSnapshot
+    software: SoftwareInfo
+
+    @property
+    def bf16_supported(self) -> bool | None:
+        """All visible GPUs run bfloat16 natively under a CUDA torch; None without a GPU."""
+        if not self.gpus.devices:
+            return None
+        flags = [gpu.supports_bf16 for gpu in self.gpus.devices]
+        if None in flags:
+            return None
+        return all(flags) and self.software.torch.cuda_runtime is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping of the whole snapshot."""
+        host = asdict(self.host)
+        host["memory_usable"] = self.host.memory_usable
+        host["memory_free"] = self.host.memory_free
+        return {
+            "platform": self.platform.to_dict(),
+            "host": host,
+            "disks": [asdict(disk) for disk in self.disks],
+            "gpus": self.gpus.to_dict(),
+            "software": self.software.to_dict(),
+            "bf16_supported": self.bf16_supported,
+        }
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str | None:
+    """The CPU's marketing name from /proc/cpuinfo, else what the OS reports."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return _platform.processor() or None
+
+
+def _affinity_count() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def probe_host(limits: CgroupLimits | None = None) -> HostInfo:
+    """CPU, memory and swap of this machine under the container's limits."""
+    limits = read_cgroup_limits() if limits is None else limits
+    memory = psutil.virtual_memory()
+    swap = psutil.swap_memory()
+    usable = [count for count in (_affinity_count(), limits.cpu_limit) if count is not None]
+    return HostInfo(
+        cpu_model=cpu_model(),
+        cpu_logical=psutil.cpu_count(logical=True),
+        cpu_physical=psutil.cpu_count(logical=False),
+        cpu_usable=float(min(usable)) if usable else None,
+        memory_total=memory.total,
+        memory_available=memory.available,
+        memory_limit=limits.memory_limit,
+        swap_total=swap.total,
+        swap_used=swap.used,
+        cgroup=limits,
+    )
+
+
+def probe_disk(role: str, path: str | os.PathLike[str]) -> DiskInfo:
+    """Total and free bytes of the file system holding ``path``; None where it does not exist."""
+    try:
+        usage = psutil.disk_usage(os.fspath(path))
+    except OSError:
+        return DiskInfo(role, os.fspath(path), None, None)
+    return DiskInfo(role, os.fspath(path), usage.total, usage.free)
+
+
+def probe_disks(platform: Platform) -> tuple[DiskInfo, ...]:
+    """The working, persistent and scratch folders, each listed once."""
+    folders = {"working": Path.cwd(), "persistent": platform.persistent_dir,
+               "scratch": platform.scratch_dir}
+    seen: set[Path] = set()
+    disks = []
+    for role, folder in folders.items():
+        if folder is None or folder in seen:
+            continue
+        seen.add(folder)
+        disks.append(probe_disk(role, folder))
+    return tuple(disks)
+
+
+def take_snapshot(with_processes: bool = False) -> Snapshot:
+    """Probe everything; ``with_processes`` also lists the processes on each GPU."""
+    platform = detect_platform()
+    gpus = nvml.snapshot(with_processes=with_processes)
+    return Snapshot(
+        platform=platform,
+        host=probe_host(),
+        disks=probe_disks(platform),
+        gpus=gpus,
+        software=probe_software(nvml_usable=gpus.unavailable_reason is None),
+    )

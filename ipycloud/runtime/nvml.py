@@ -1,0 +1,302 @@
+"""A thin wrapper over NVML (``pynvml``, from nvidia-ml-py) that degrades instead of raising.
+
+NVML is initialised on the first query, never at import, and never through CUDA: querying it
+does not create a CUDA context, so a fork-based multi-GPU launch still works afterwards.
+Any field the driver cannot give is ``None`` (shown as n/a). The values are those of
+``nvidia-smi -q``; each field names its ``nvidia-smi --query-gpu`` equivalent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from types import ModuleType
+from typing import Any, TypeVar
+
+import psutil
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (``nvidia-smi --query-compute-apps``)."""
+
+    pid: int
+    name: str | None
+    used_memory: int | None  # bytes
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance of a GPU partitioned with Multi-Instance GPU."""
+
+    uuid: str | None
+    memory_total: int | None  # bytes
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One NVIDIA GPU as NVML sees it at the moment of the query."""
+
+    index: int  # CUDA ordinal in this process, after CUDA_VISIBLE_DEVICES
+    nvml_index: int  # index: nvidia-smi's numbering (PCI bus order)
+    name: str | None  # name
+    uuid: str | None  # uuid
+    pci_bus_id: str | None  # pci.bus_id
+    memory_total: int | None  # memory.total, bytes
+    memory_used: int | None  # memory.used, bytes
+    memory_free: int | None  # memory.free, bytes
+    utilization_gpu: int | None  # utilization.gpu, percent
+    utilization_memory: int | None  # utilization.memory, percent
+    temperature_c: int | None  # temperature.gpu
+    power_draw_w: float | None  # power.draw
+    power_limit_w: float | None  # enforced.power.limit
+    clock_sm_mhz: int | None  # clocks.sm
+    clock_sm_max_mhz: int | None  # clocks.max.sm
+    clock_memory_mhz: int | None  # clocks.mem
+    clock_memory_max_mhz: int | None  # clocks.max.mem
+    compute_capability: str | None  # compute_cap, e.g. "8.0"
+    mig_enabled: bool | None  # mig.mode.current
+    mig_devices: tuple[MigDevice, ...]
+    processes: tuple[GpuProcess, ...] | None  # None when the driver cannot list them
+
+    @property
+    def supports_bf16(self) -> bool | None:
+        """Native bfloat16 needs compute capability 8.0 (Ampere) or newer."""
+        if self.compute_capability is None:
+            return None
+        return int(self.compute_capability.split(".")[0]) >= 8
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """Every GPU visible to this process, the driver, and why NVML was unusable if it was."""
+
+    driver_version: str | None  # driver_version
+    cuda_driver_version: str | None  # highest CUDA version the driver supports
+    devices: tuple[GpuInfo, ...]
+    hidden: int  # GPUs on the machine that CUDA_VISIBLE_DEVICES hides from this process
+    unavailable_reason: str | None  # None when NVML answered
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return asdict(self)
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here (no driver, no library, no GPU): the message says why."""
+
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_failure: str | None = None
+
+
+def _nvml() -> ModuleType:
+    """The initialised pynvml module; initialises NVML on first use and remembers a failure."""
+    global _module, _failure
+    with _lock:
+        if _module is not None:
+            return _module
+        if _failure is not None:
+            raise NvmlUnavailable(_failure)
+        try:
+            import pynvml
+        except ImportError:
+            _failure = "nvidia-ml-py is not installed: pip install nvidia-ml-py"
+            raise NvmlUnavailable(_failure) from None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:
+            _failure = f"NVML unavailable: {_decode(str(error))}"
+            raise NvmlUnavailable(_failure) from None
+        except OSError as error:  # a broken libnvidia-ml that fails to load
+            _failure = f"NVML unavailable: {error}"
+            raise NvmlUnavailable(_failure) from None
+        _module = pynvml
+        return _module
+
+
+def shutdown() -> None:
+    """Release NVML; the next query initialises it again."""
+    global _module, _failure
+    with _lock:
+        if _module is not None:
+            with contextlib.suppress(_module.NVMLError):
+                _module.nvmlShutdown()
+        _module = None
+        _failure = None
+
+
+def _decode(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _query(nvml: ModuleType, function: Callable[..., T], *args: Any) -> T | None:
+    """Call an NVML function; None for anything the driver cannot answer."""
+    try:
+        return function(*args)
+    except nvml.NVMLError:
+        return None
+
+
+def _cuda_version(code: int | None) -> str | None:
+    """NVML's CUDA driver version integer (12040) as text ("12.4")."""
+    if code is None:
+        return None
+    return f"{code // 1000}.{code % 1000 // 10}"
+
+
+def visible_nvml_indices(
+    cuda_visible_devices: str | None,
+    uuids: Sequence[str | None],
+    mig_uuids: Sequence[Sequence[str]],
+) -> list[int]:
+    """NVML indices in CUDA ordinal order under CUDA_VISIBLE_DEVICES, as CUDA parses it.
+
+    Entries are ordinals, GPU UUIDs (a unique prefix is enough, as in CUDA) or MIG UUIDs,
+    separated by commas. CUDA stops at the first entry it cannot resolve or has seen
+    already, so the devices before it stay visible and the rest are hidden.
+    """
+    if cuda_visible_devices is None:
+        return list(range(len(uuids)))
+    order: list[int] = []
+    for token in (part.strip() for part in cuda_visible_devices.split(",")):
+        found = _resolve_device_token(token, uuids, mig_uuids)
+        if found is None or found in order:
+            break
+        order.append(found)
+    return order
+
+
+def _resolve_device_token(
+    token: str, uuids: Sequence[str | None], mig_uuids: Sequence[Sequence[str]]
+) -> int | None:
+    if token.isdigit():
+        ordinal = int(token)
+        return ordinal if ordinal < len(uuids) else None
+    if token.startswith("MIG-"):
+        hits = [i for i, instances in enumerate(mig_uuids) if token in instances]
+    elif token.startswith("GPU-"):
+        hits = [i for i, uuid in enumerate(uuids) if uuid and uuid.startswith(token)]
+    else:
+        return None
+    return hits[0] if len(hits) == 1 else None
+
+
+def snapshot(with_processes: bool = True) -> GpuSnapshot:
+    """Query every GPU visible to this process. Never raises: without NVML it says why."""
+    try:
+        nvml = _nvml()
+    except NvmlUnavailable as error:
+        return GpuSnapshot(None, None, (), 0, str(error))
+    count = _query(nvml, nvml.nvmlDeviceGetCount) or 0
+    handles = [_query(nvml, nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
+    uuids = [_text(nvml, nvml.nvmlDeviceGetUUID, handle) for handle in handles]
+    migs = [_mig_devices(nvml, handle) for handle in handles]
+    order = visible_nvml_indices(
+        os.environ.get("CUDA_VISIBLE_DEVICES"),
+        uuids,
+        [[mig.uuid for mig in instances if mig.uuid] for instances in migs],
+    )
+    devices = tuple(
+        _device(nvml, handles[nvml_index], cuda_index, nvml_index, uuids[nvml_index],
+                migs[nvml_index], with_processes)
+        for cuda_index, nvml_index in enumerate(order)
+    )
+    return GpuSnapshot(
+        driver_version=_text(nvml, nvml.nvmlSystemGetDriverVersion),
+        cuda_driver_version=_cuda_version(_query(nvml, nvml.nvmlSystemGetCudaDriverVersion)),
+        devices=devices,
+        hidden=count - len(order),
+        unavailable_reason=None,
+    )
+
+
+def _text(nvml: ModuleType, function: Callable[..., Any], *args: Any) -> str | None:
+    value = _query(nvml, function, *args)
+    return None if value is None else _decode(value)
+
+
+def _scaled(value: float | None, divisor: float) -> float | None:
+    return None if value is None else value / divisor
+
+
+def _device(
+    nvml: ModuleType,
+    handle: Any,
+    cuda_index: int,
+    nvml_index: int,
+    uuid: str | None,
+    mig_devices: tuple[MigDevice, ...],
+    with_processes: bool,
+) -> GpuInfo:
+    memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    rates = _query(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
+    pci = _query(nvml, nvml.nvmlDeviceGetPciInfo, handle)
+    capability = _query(nvml, nvml.nvmlDeviceGetCudaComputeCapability, handle)
+    mig_mode = _query(nvml, nvml.nvmlDeviceGetMigMode, handle)
+    return GpuInfo(
+        index=cuda_index,
+        nvml_index=nvml_index,
+        name=_text(nvml, nvml.nvmlDeviceGetName, handle),
+        uuid=uuid,
+        pci_bus_id=None if pci is None else _decode(pci.busId),
+        memory_total=None if memory is None else memory.total,
+        memory_used=None if memory is None else memory.used,
+        memory_free=None if memory is None else memory.free,
+        utilization_gpu=None if rates is None else rates.gpu,
+        utilization_memory=None if rates is None else rates.memory,
+        temperature_c=_query(nvml, nvml.nvmlDeviceGetTemperature, handle,
+                             nvml.NVML_TEMPERATURE_GPU),
+        power_draw_w=_scaled(_query(nvml, nvml.nvmlDeviceGetPowerUsage, handle), 1000),
+        power_limit_w=_scaled(_query(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1000),
+        clock_sm_mhz=_query(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
+        clock_sm_max_mhz=_query(nvml, nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM),
+        clock_memory_mhz=_query(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_MEM),
+        clock_memory_max_mhz=_query(nvml, nvml.nvmlDeviceGetMaxClockInfo, handle,
+                                    nvml.NVML_CLOCK_MEM),
+        compute_capability=None if capability is None else f"{capability[0]}.{capability[1]}",
+        mig_enabled=None if mig_mode is None else mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE,
+        mig_devices=mig_devices,
+        processes=_processes(nvml, handle) if with_processes else None,
+    )
+
+
+def _mig_devices(nvml: ModuleType, handle: Any) -> tuple[MigDevice, ...]:
+    mode = _query(nvml, nvml.nvmlDeviceGetMigMode, handle)
+    if mode is None or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+        return ()
+    instances = []
+    for slot in range(_query(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0):
+        mig = _query(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+        if mig is None:  # an empty slot answers NVML_ERROR_NOT_FOUND
+            continue
+        memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, mig)
+        instances.append(MigDevice(_text(nvml, nvml.nvmlDeviceGetUUID, mig),
+                                   None if memory is None else memory.total))
+    return tuple(instances)
+
+
+def _processes(nvml: ModuleType, handle: Any) -> tuple[GpuProcess, ...] | None:
+    compute = _query(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+    graphics = _query(nvml, nvml.nvmlDeviceGetGraphicsRunningProcesses, handle)
+    if compute is None and graphics is None:
+        return None
+    by_pid = {entry.pid: entry for entry in [*(compute or ()), *(graphics or ())]}
+    return tuple(
+        GpuProcess(pid, _process_name(pid), entry.usedGpuMemory)
+        for pid, entry in sorted(by_pid.items())
+    )
+
+
+def _process_name(pid: int) -> str | None:
+    """The process name, or None when it lives in another PID namespace or has ended."""
+    try:
+        return psutil.Process(pid).name()
+    except (psutil.Error, OSError):
+        return None

@@ -1,0 +1,41 @@
+"""Shared fixtures: a real IPython shell, and NVML boards for a machine without a GPU."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from types import ModuleType
+
+import pytest
+from fake_nvml import BOARDS, FakeBoard, build_module
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets.config import Config
+
+from ipycloud.runtime import nvml
+
+
+@pytest.fixture
+def shell() -> Iterator[InteractiveShell]:
+    """A fresh real IPython shell with ipycloud loaded and history kept in memory."""
+    InteractiveShell.clear_instance()
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    ip = InteractiveShell.instance(config=config)
+    ip.run_line_magic("load_ext", "ipycloud")
+    yield ip
+    InteractiveShell.clear_instance()
+
+
+@pytest.fixture
+def board(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str | FakeBoard], ModuleType]]:
+    """Install a fake NVML board (by name from BOARDS, or given) in place of pynvml."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def install(which: str | FakeBoard) -> ModuleType:
+        nvml.shutdown()
+        module = build_module(BOARDS[which] if isinstance(which, str) else which)
+        monkeypatch.setitem(sys.modules, "pynvml", module)
+        return module
+
+    yield install
+    nvml.shutdown()

@@ -1,0 +1,133 @@
+"""read_cgroup_limits on fake cgroup trees under tmp_path, laid out as the kernel shows them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
+
+GIB = 2**30
+V1_NO_LIMIT = "9223372036854771712\n"  # what cgroup v1 writes for "unlimited"
+
+
+def write(root: Path, relative: str, content: str | bytes) -> None:
+    """Create ``root/relative`` with ``content``, making its parent folders."""
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+
+
+def make_v2(root: Path, files: dict[str, str | bytes], self_path: str = "/") -> None:
+    """A cgroup v2 mount with the process in ``self_path``; ``files`` are relative to the mount."""
+    write(root, "proc/self/cgroup", f"0::{self_path}\n")
+    write(root, "sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
+    for relative, content in files.items():
+        write(root, f"sys/fs/cgroup/{relative}", content)
+
+
+def test_v2_container_limits(tmp_path: Path) -> None:
+    make_v2(tmp_path, {"memory.max": "4294967296\n", "memory.current": "123456789\n",
+                      "cpu.max": "200000 100000\n"})
+    assert read_cgroup_limits(tmp_path) == CgroupLimits(
+        version=2, memory_limit=4 * GIB, memory_usage=123456789, cpu_limit=2.0
+    )
+
+
+def test_v2_unlimited(tmp_path: Path) -> None:
+    make_v2(tmp_path, {"memory.max": "max\n", "cpu.max": "max 100000\n"})
+    limits = read_cgroup_limits(tmp_path)
+    assert limits.version == 2
+    assert limits.memory_limit is None
+    assert limits.cpu_limit is None
+
+
+def test_v2_nested_takes_the_tightest_level(tmp_path: Path) -> None:
+    # The parent caps memory harder than the leaf; the leaf caps CPU harder than the parent.
+    make_v2(
+        tmp_path,
+        {
+            "user.slice/memory.max": f"{GIB}\n",
+            "user.slice/cpu.max": "300000 100000\n",
+            "user.slice/memory.current": "999\n",
+            "user.slice/job.scope/memory.max": f"{2 * GIB}\n",
+            "user.slice/job.scope/cpu.max": "150000 100000\n",
+            "user.slice/job.scope/memory.current": "4096\n",
+        },
+        self_path="/user.slice/job.scope",
+    )
+    assert read_cgroup_limits(tmp_path) == CgroupLimits(
+        version=2, memory_limit=GIB, memory_usage=4096, cpu_limit=1.5
+    )
+
+
+def test_v2_path_cannot_climb_out_of_the_mount(tmp_path: Path) -> None:
+    make_v2(tmp_path, {"memory.max": f"{GIB}\n"}, self_path="/../../../etc")
+    write(tmp_path, "etc/memory.max", "1\n")
+    assert read_cgroup_limits(tmp_path).memory_limit == GIB
+
+
+def test_v1_limits_from_the_process_controller_path(tmp_path: Path) -> None:
+    write(tmp_path, "proc/self/cgroup", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n")
+    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", V1_NO_LIMIT)
+    write(tmp_path, "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", "536870912\n")
+    write(tmp_path, "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", "1048576\n")
+    write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "150000\n")
+    write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n")
+    assert read_cgroup_limits(tmp_path) == CgroupLimits(
+        version=1, memory_limit=512 * 2**20, memory_usage=1048576, cpu_limit=1.5
+    )
+
+
+def test_v1_unlimited(tmp_path: Path) -> None:
+    write(tmp_path, "proc/self/cgroup", "4:memory:/\n2:cpu:/\n")
+    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", V1_NO_LIMIT)
+    write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", "2048\n")
+    write(tmp_path, "sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n")
+    write(tmp_path, "sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n")
+    assert read_cgroup_limits(tmp_path) == CgroupLimits(
+        version=1, memory_limit=None, memory_usage=2048, cpu_limit=None
+    )
+
+
+def test_no_cgroup_file_system(tmp_path: Path) -> None:
+    assert read_cgroup_limits(tmp_path) == CgroupLimits(
+        version=None, memory_limit=None, memory_usage=None, cpu_limit=None
+    )
+
+
+@pytest.mark.parametrize("junk", ["banana\n", "", "12 34 56\n", b"\x00\xff\xfe junk"])
+def test_v2_garbage_gives_none(tmp_path: Path, junk: str | bytes) -> None:
+    make_v2(tmp_path, {"memory.max": junk, "memory.current": junk, "cpu.max": junk})
+    write(tmp_path, "proc/self/cgroup", b"\x00\xffnot a cgroup file")
+    assert read_cgroup_limits(tmp_path) == CgroupLimits(
+        version=2, memory_limit=None, memory_usage=None, cpu_limit=None
+    )
+
+
+def test_v1_garbage_and_folders_in_place_of_files_give_none(tmp_path: Path) -> None:
+    write(tmp_path, "proc/self/cgroup", "garbage without colons\n")
+    (tmp_path / "sys/fs/cgroup/memory/memory.limit_in_bytes").mkdir(parents=True)
+    write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", b"\xff\xfe")
+    write(tmp_path, "sys/fs/cgroup/cpu/cpu.cfs_quota_us", "abc\n")
+    write(tmp_path, "sys/fs/cgroup/cpu/cpu.cfs_period_us", "0\n")
+    assert read_cgroup_limits(tmp_path) == CgroupLimits(
+        version=1, memory_limit=None, memory_usage=None, cpu_limit=None
+    )
+
+
+def test_to_dict_is_json_serialisable(tmp_path: Path) -> None:
+    make_v2(tmp_path, {"memory.max": "4294967296\n", "cpu.max": "50000 100000\n"})
+    data = json.loads(json.dumps(read_cgroup_limits(tmp_path).to_dict()))
+    assert data == {"version": 2, "memory_limit": 4 * GIB, "memory_usage": None, "cpu_limit": 0.5}
+
+
+def test_real_machine_does_not_raise() -> None:
+    limits = read_cgroup_limits()
+    assert limits.version in (None, 1, 2)
+    assert limits.memory_limit is None or limits.memory_limit > 0
