@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
+from ipycloud.magics._arguments import parse_line
 from ipycloud.runtime.report import EnvironmentReport, JsonReport, environment_report
 
 
@@ -46,6 +47,6 @@ class GpuInfoMagics(Magics):
             info = %gpuinfo --json
             info.data["gpus"]["devices"][0]["memory_free"]
         """
-        args = parse_argstring(self.gpuinfo, line)
+        args = parse_line(self.gpuinfo, line)
         report = environment_report(processes=args.processes)
         return JsonReport(report) if args.json else report

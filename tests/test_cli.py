@@ -1,0 +1,64 @@
+"""The ``ipycloud`` command, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ipycloud import __version__
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ipycloud", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_info_prints_the_report() -> None:
+    result = run("info")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Platform")
+    assert "No NVIDIA GPU" in result.stdout
+    assert f"{os.cpu_count()} logical" in result.stdout
+
+
+def test_info_json_parses_and_matches_the_machine() -> None:
+    result = run("info", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["host"]["cpu_logical"] == os.cpu_count()
+    assert data["gpus"]["devices"] == []
+    assert data["software"]["python"] == sys.version.split()[0]
+    assert data["disks"][0]["path"] == os.getcwd()
+
+
+def test_console_script_runs_demo() -> None:
+    script = Path(sys.executable).with_name("ipycloud")
+    result = subprocess.run([str(script), "demo"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"ipycloud {__version__}" in result.stdout
+    assert "Platform" in result.stdout and "%load_ext ipycloud" in result.stdout
+
+
+def test_version() -> None:
+    assert run("--version").stdout.strip() == f"ipycloud {__version__}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "the following arguments are required: COMMAND"),
+        (("bogus",), "invalid choice: 'bogus'"),
+        (("info", "--nope"), "unrecognized arguments: --nope"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_error_line(args, message) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and message in error_lines[0]

@@ -1,0 +1,47 @@
+"""``import ipycloud`` and ``%load_ext ipycloud`` stay light: no heavy package is imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = {"torch", "torch_xla", "ipywidgets", "pynvml", "kagglehub", "gdown"}
+
+
+def imported_modules(code: str) -> set[str]:
+    """Top-level modules a fresh interpreter imports to run ``code``, from -X importtime."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code],
+                            capture_output=True, text=True, check=True)
+    names = set()
+    for line in result.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    assert "ipycloud" in names  # the measurement itself saw the package being imported
+    return names
+
+
+def test_import_ipycloud_imports_no_heavy_package() -> None:
+    assert imported_modules("import ipycloud") & HEAVY == set()
+
+
+def test_load_ext_imports_no_heavy_package() -> None:
+    code = ("from IPython.core.interactiveshell import InteractiveShell\n"
+            "InteractiveShell.instance().run_line_magic('load_ext', 'ipycloud')")
+    assert imported_modules(code) & HEAVY == set()
+
+
+def test_the_measurement_does_see_heavy_imports() -> None:
+    """The check above can fail: a probe that queries NVML is seen importing pynvml."""
+    code = "import ipycloud.runtime.nvml as n; n.snapshot()"
+    assert "pynvml" in imported_modules(code)
+
+
+def test_public_names_load_on_first_use() -> None:
+    import ipycloud
+
+    assert callable(ipycloud.environment_report)
+    assert ipycloud.detect_platform().key
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = ipycloud.nope

@@ -1,0 +1,67 @@
+"""ipycloud in a real Jupyter kernel, driven by nbclient, and the tutorial notebooks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def execute(notebook: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
+    NotebookClient(notebook, timeout=180, kernel_name="python3",
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    return notebook
+
+
+def outputs(cell: nbformat.NotebookNode) -> dict[str, object]:
+    """All MIME bundles a cell produced, merged."""
+    merged: dict[str, object] = {}
+    for output in cell.outputs:
+        merged.update(output.get("data", {}))
+        if output.output_type == "stream":
+            merged[output.name] = merged.get(output.name, "") + output.text
+    return merged
+
+
+def test_gpuinfo_in_a_kernel(tmp_path: Path) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in (
+        "%load_ext ipycloud",
+        "import sys; print(sorted({'torch', 'pynvml', 'ipywidgets'} & set(sys.modules)))",
+        "%gpuinfo",
+        "%gpuinfo --json",
+        "%gpuinfo --bogus",
+    )]
+    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+    cells = execute(notebook, tmp_path).cells
+    assert outputs(cells[1])["stdout"].strip() == "[]"
+    report = outputs(cells[2])
+    assert "<table" in report["text/html"] and "No NVIDIA GPU" in report["text/html"]
+    assert report["text/plain"].startswith("Platform")
+    data = outputs(cells[3])["application/json"]
+    assert data["gpus"]["devices"] == [] and data["disks"][0]["path"] == str(tmp_path)
+    assert json.loads(outputs(cells[3])["text/plain"]) == data
+    (error,) = cells[4].outputs  # one line on stderr, no traceback
+    assert error.output_type == "stream" and error.name == "stderr"
+    assert error.text == ("UsageError: %gpuinfo: unrecognized arguments: --bogus "
+                          "(see %gpuinfo? for usage)\n")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_tutorial_notebook_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
+    notebook = execute(nbformat.read(path, as_version=4), tmp_path)
+    errors = [output for cell in notebook.cells if cell.cell_type == "code"
+              for output in cell.outputs if output.output_type == "error"]
+    assert errors == []
+    texts = [str(outputs(cell)) for cell in notebook.cells if cell.cell_type == "code"]
+    assert any("persistent folder:" in text for text in texts)
+    assert any("RAM this kernel may use" in text for text in texts)
+
+
+def test_the_tutorials_are_found() -> None:
+    assert [path.name for path in NOTEBOOKS] == ["01-quickstart.ipynb"]
