@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from ipycloud.magics._arguments import parse_line
-from ipycloud.runtime.report import EnvironmentReport, JsonReport, environment_report
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.report import EnvironmentReport, JsonReport
 
 
 @magics_class
@@ -48,5 +52,7 @@ class GpuInfoMagics(Magics):
             info.data["gpus"]["devices"][0]["memory_free"]
         """
         args = parse_line(self.gpuinfo, line)
+        from ipycloud.runtime.report import JsonReport, environment_report  # probes load on use
+
         report = environment_report(processes=args.processes)
         return JsonReport(report) if args.json else report

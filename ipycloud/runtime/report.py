@@ -93,7 +93,9 @@ class EnvironmentReport:
                                       snap.software.xla)
         persistent = str(platform.persistent_dir) if platform.persistent_dir else "none"
         rows = [
-            ("Platform", f"{platform.name} (container: {_value(platform.in_container)})"),
+            ("Platform", f"{platform.name} (container: {_value(platform.in_container)}; "
+                         + (f"detected from {', '.join(platform.evidence)})" if platform.evidence
+                            else "no cloud platform detected)")),
             ("Session limit", f"{format_duration(platform.session_limit_s)}; idle timeout "
                               f"{format_duration(platform.idle_timeout_s)}"),
             ("Persistent folder", persistent),
@@ -103,7 +105,8 @@ class EnvironmentReport:
             ("RAM", f"{format_bytes(host.memory_free)} free of {format_bytes(host.memory_usable)}"
                     f" (host {format_bytes(host.memory_total)}, container limit "
                     f"{format_bytes(host.memory_limit) if host.memory_limit else 'none'})"),
-            ("Swap", f"{format_bytes(host.swap_used)} used of {format_bytes(host.swap_total)}"),
+            ("Swap", f"{format_bytes(host.swap_used)} used of {format_bytes(host.swap_total)}"
+                     if host.swap_total else "none"),
         ]
         rows += [(f"Disk ({disk.role})", f"{disk.path}: " + (
             f"{format_bytes(disk.free)} free of {format_bytes(disk.total)}"

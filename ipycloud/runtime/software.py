@@ -12,7 +12,6 @@ import os
 import platform
 import sys
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from typing import Any
 
 from ipycloud.runtime._optional import is_available
@@ -75,6 +74,8 @@ class SoftwareInfo:
 
 
 def _distribution_version(name: str) -> str | None:
+    from importlib import metadata  # costs ~13 ms: only when torch_xla is installed
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

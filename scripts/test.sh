@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv, then run the whole suite.
+# Usage: bash scripts/test.sh [pytest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+# torch is pinned to the CPU build; a bare "torch" would pull a multi-GB CUDA build.
+.venv/bin/python -m pip install --quiet -e '.[test]' 'torch==2.13.0'
+# pytest exits 5 when it collected no test: like any failure, that fails this script.
+exec .venv/bin/python -m pytest "$@"

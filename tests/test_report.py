@@ -1,0 +1,63 @@
+"""The report's wording for the platform, memory and disks, and its unit formatting."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ipycloud.runtime.cgroup import CgroupLimits
+from ipycloud.runtime.hardware import DiskInfo, probe_host, take_snapshot
+from ipycloud.runtime.platform import detect_platform
+from ipycloud.runtime.report import EnvironmentReport, format_bytes, format_duration
+
+GIB = 1024**3
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (15 * GIB, "15.0 GiB"),
+    (3 * 1024 * GIB, "3.0 TiB"),
+])
+def test_format_bytes(value, text) -> None:
+    assert format_bytes(value) == text
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (None, "none known"), (600, "10 min"), (12 * 3600, "12 h"), (5400, "1 h 30 min"), (0, "0 min"),
+])
+def test_format_duration(seconds, text) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_colab_summary_names_its_signal_limits_and_missing_drive(tmp_path: Path) -> None:
+    colab = detect_platform({"COLAB_RELEASE_TAG": "release-colab_20261101", "HOME": "/root"},
+                            tmp_path)
+    snapshot = dataclasses.replace(
+        take_snapshot(), platform=colab,
+        disks=(DiskInfo("persistent", "/content/drive/MyDrive", None, None),),
+        host=probe_host(CgroupLimits(2, 12 * GIB, 4 * GIB, 2.0)),
+    )
+    summary = dict(EnvironmentReport(snapshot).summary())
+    assert summary["Platform"].startswith("Google Colab (")
+    assert "detected from env COLAB_RELEASE_TAG" in summary["Platform"]
+    assert summary["Session limit"] == "12 h; idle timeout 1 h 30 min"
+    assert summary["Persistent folder"] == "/content/drive/MyDrive"
+    assert summary["Disk (persistent)"] == "/content/drive/MyDrive: not present"
+    assert "free of 12.0 GiB" in summary["RAM"] and "container limit 12.0 GiB" in summary["RAM"]
+    assert summary["CPU"].endswith(", 2 usable")
+
+
+def test_binder_has_no_persistent_folder(tmp_path: Path) -> None:
+    binder = detect_platform({"BINDER_SERVICE_HOST": "10.0.0.1", "HOME": "/home/jovyan"},
+                             tmp_path)
+    report = EnvironmentReport(dataclasses.replace(take_snapshot(), platform=binder))
+    assert dict(report.summary())["Persistent folder"] == "none"
+    assert "Binder" in report._repr_html_()
+
+
+def test_html_escapes_what_it_shows(tmp_path: Path) -> None:
+    odd = DiskInfo("working", "/tmp/<b>x</b>", None, None)
+    report = EnvironmentReport(dataclasses.replace(take_snapshot(), disks=(odd,)))
+    html = report._repr_html_()
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
