@@ -31,6 +31,13 @@ def make_v2(root: Path, files: dict[str, str | bytes], self_path: str = "/") -> 
         write(root, f"sys/fs/cgroup/{relative}", content)
 
 
+def make_v1(root: Path, self_cgroup: str, files: dict[str, str]) -> None:
+    """A cgroup v1 hierarchy; ``files`` are relative to /sys/fs/cgroup."""
+    write(root, "proc/self/cgroup", self_cgroup)
+    for relative, content in files.items():
+        write(root, f"sys/fs/cgroup/{relative}", content)
+
+
 def test_v2_container_limits(tmp_path: Path) -> None:
     make_v2(tmp_path, {"memory.max": "4294967296\n", "memory.current": "123456789\n",
                       "cpu.max": "200000 100000\n"})
@@ -73,23 +80,25 @@ def test_v2_path_cannot_climb_out_of_the_mount(tmp_path: Path) -> None:
 
 
 def test_v1_limits_from_the_process_controller_path(tmp_path: Path) -> None:
-    write(tmp_path, "proc/self/cgroup", "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n")
-    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", V1_NO_LIMIT)
-    write(tmp_path, "sys/fs/cgroup/memory/docker/abc/memory.limit_in_bytes", "536870912\n")
-    write(tmp_path, "sys/fs/cgroup/memory/docker/abc/memory.usage_in_bytes", "1048576\n")
-    write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "150000\n")
-    write(tmp_path, "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n")
+    make_v1(tmp_path, "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n", {
+        "memory/memory.limit_in_bytes": V1_NO_LIMIT,
+        "memory/docker/abc/memory.limit_in_bytes": "536870912\n",
+        "memory/docker/abc/memory.usage_in_bytes": "1048576\n",
+        "cpu,cpuacct/cpu.cfs_quota_us": "150000\n",
+        "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    })
     assert read_cgroup_limits(tmp_path) == CgroupLimits(
         version=1, memory_limit=512 * 2**20, memory_usage=1048576, cpu_limit=1.5
     )
 
 
 def test_v1_unlimited(tmp_path: Path) -> None:
-    write(tmp_path, "proc/self/cgroup", "4:memory:/\n2:cpu:/\n")
-    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", V1_NO_LIMIT)
-    write(tmp_path, "sys/fs/cgroup/memory/memory.usage_in_bytes", "2048\n")
-    write(tmp_path, "sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1\n")
-    write(tmp_path, "sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n")
+    make_v1(tmp_path, "4:memory:/\n2:cpu:/\n", {
+        "memory/memory.limit_in_bytes": V1_NO_LIMIT,
+        "memory/memory.usage_in_bytes": "2048\n",
+        "cpu/cpu.cfs_quota_us": "-1\n",
+        "cpu/cpu.cfs_period_us": "100000\n",
+    })
     assert read_cgroup_limits(tmp_path) == CgroupLimits(
         version=1, memory_limit=None, memory_usage=2048, cpu_limit=None
     )

@@ -27,6 +27,14 @@ def test_without_torch_every_field_is_na(monkeypatch) -> None:
     assert info.version is None and info.cuda_available is None and info.cudnn is None
 
 
+def run_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter and return what it printed."""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
 def test_a_fresh_process_reports_without_importing_an_uninstalled_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
@@ -35,9 +43,7 @@ def test_a_fresh_process_reports_without_importing_an_uninstalled_torch() -> Non
         "assert 'not installed' in text.split('torch', 1)[1].splitlines()[0], text\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
-    assert result.stdout.strip() == "ok", result.stderr
+    assert run_python(code) == "ok"
 
 
 def test_a_fresh_process_keeps_cuda_uninitialised() -> None:
@@ -45,9 +51,7 @@ def test_a_fresh_process_keeps_cuda_uninitialised() -> None:
         "import ipycloud.runtime.report as r; r.environment_report(processes=True)\n"
         "import torch; print(torch.cuda.is_initialized())\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120)
-    assert result.stdout.strip() == "False", result.stderr
+    assert run_python(code) == "False"
 
 
 def test_tpu_signals_are_found_without_importing_torch_xla() -> None:
