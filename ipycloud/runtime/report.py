@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from ipycloud.runtime.hardware import Snapshot, take_snapshot
 from ipycloud.runtime.nvml import GpuInfo
+from ipycloud.runtime.tables import Table, aligned_lines, html_table
 
 NA = "n/a"
-Table = tuple[Sequence[str], Sequence[Sequence[str]]]
 
 
 def format_bytes(value: float | None) -> str:
@@ -183,7 +182,7 @@ class EnvironmentReport:
         lines = [f"{label.ljust(width)}  {value}" for label, value in summary]
         lines += ["", self.gpu_status()]
         for title, (headers, rows) in self._tables():
-            lines += ["", title, *_aligned([headers, *rows])]
+            lines += ["", title, *aligned_lines(headers, rows)]
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -196,7 +195,7 @@ class EnvironmentReport:
         parts = [f"<table class='ipycloud-report'>{body}</table>",
                  f"<p><b>{html.escape(self.gpu_status())}</b></p>"]
         for title, table in self._tables():
-            parts.append(f"<h4>{html.escape(title)}</h4>{_html_table(table)}")
+            parts.append(f"<h4>{html.escape(title)}</h4>{html_table(table)}")
         return "<div class='ipycloud'>" + "".join(parts) + "</div>"
 
 
@@ -220,20 +219,6 @@ def _cores(value: float | None) -> str:
     if value is None:
         return NA
     return f"{value:g}"
-
-
-def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            for row in rows]
-
-
-def _html_table(table: Table) -> str:
-    headers, rows = table
-    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in headers)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
-                   for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def environment_report(processes: bool = False) -> EnvironmentReport:
