@@ -10,7 +10,8 @@ import pytest
 from ipycloud.runtime.cgroup import CgroupLimits
 from ipycloud.runtime.hardware import DiskInfo, probe_host, take_snapshot
 from ipycloud.runtime.platform import detect_platform
-from ipycloud.runtime.report import EnvironmentReport, format_bytes, format_duration
+from ipycloud.runtime.report import EnvironmentReport
+from ipycloud.runtime.units import format_bytes, format_duration, parse_duration
 
 GIB = 1024**3
 
@@ -24,7 +25,8 @@ def test_format_bytes(value, text) -> None:
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
-    (None, "none known"), (600, "10 min"), (12 * 3600, "12 h"), (5400, "1 h 30 min"), (0, "0 min"),
+    (None, "none known"), (600, "10 min"), (12 * 3600, "12 h"), (5400, "1 h 30 min"),
+    (0, "0 s"), (45, "45 s"),
 ])
 def test_format_duration(seconds, text) -> None:
     assert format_duration(seconds) == text
@@ -61,3 +63,16 @@ def test_html_escapes_what_it_shows(tmp_path: Path) -> None:
     report = EnvironmentReport(dataclasses.replace(take_snapshot(), disks=(odd,)))
     html = report._repr_html_()
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("2d", 172800), (" 1.5H ", 5400),
+])
+def test_parse_duration(text, seconds) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "10x", "m", "-5m", "0", "0s", "10 m", "1h-2m"])
+def test_parse_duration_refuses(text) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration(text)

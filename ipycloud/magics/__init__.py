@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from IPython.core.interactiveshell import InteractiveShell
 
+from ipycloud.magics.checkpoint import CheckpointMagics
 from ipycloud.magics.gpuinfo import GpuInfoMagics
 
-MAGICS = (GpuInfoMagics,)
+MAGICS = (GpuInfoMagics, CheckpointMagics)
 
 
 def register_all(ipython: InteractiveShell) -> None:

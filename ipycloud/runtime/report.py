@@ -13,30 +13,7 @@ from typing import Any
 from ipycloud.runtime.hardware import Snapshot, take_snapshot
 from ipycloud.runtime.nvml import GpuInfo
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
-
-NA = "n/a"
-
-
-def format_bytes(value: float | None) -> str:
-    """Bytes in binary units with one decimal: ``15.0 GiB``; None as n/a."""
-    if value is None:
-        return NA
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-def format_duration(seconds: float | None) -> str:
-    """Seconds as ``12 h`` or ``1 h 30 min``; None as "none known"."""
-    if seconds is None:
-        return "none known"
-    hours, minutes = divmod(round(seconds / 60), 60)
-    parts = [f"{hours} h"] if hours else []
-    if minutes or not hours:
-        parts.append(f"{minutes} min")
-    return " ".join(parts)
+from ipycloud.runtime.units import NA, format_bytes, format_duration
 
 
 def _value(value: object, unit: str = "") -> str:

@@ -1,0 +1,216 @@
+"""``%checkpoint``: save, list, restore and auto-save the training state of notebook variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+from traitlets import Int, Unicode
+
+from ipycloud.magics._arguments import parse_line
+from ipycloud.magics._display import Notice
+
+if TYPE_CHECKING:
+    import argparse
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ipycloud.runtime.checkpoint import CheckpointManager
+
+ACTIONS = ("save", "restore", "list", "auto")
+
+
+@magics_class
+class CheckpointMagics(Magics):
+    """Checkpoints of notebook variables: durable, rotated, verified, resumable bit for bit."""
+
+    directory = Unicode(
+        "", help="Folder for checkpoints; empty: <platform persistent folder>/checkpoints/default"
+    ).tag(config=True)
+    keep_last = Int(3, help="How many of the newest checkpoints to keep").tag(config=True)
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self._managers: dict[Path, CheckpointManager] = {}
+        self._hook_registered = False
+
+    @magic_arguments()
+    @argument("action", choices=ACTIONS, help="what to do")
+    @argument("names", nargs="*", help="notebook variables: model, optimizer, scheduler, ...")
+    @argument("--dir", dest="folder", help="checkpoint folder (default: see %%config "
+              "CheckpointMagics.directory)")
+    @argument("--step", type=int, help="step number to record (save; default: the next one)")
+    @argument("--tag", help="a name to keep this checkpoint by; tagged ones are never rotated")
+    @argument("--async", dest="background", action="store_true",
+              help="copy the state and write it in the background (save)")
+    @argument("--from", dest="which", default="latest",
+              help="latest (default), a step number, or a tag (restore)")
+    @argument("--every", default="10m", help="how often auto saves: 90s, 10m, 1h (auto)")
+    @argument("--off", action="store_true", help="stop automatic checkpoints (auto)")
+    @line_magic
+    def checkpoint(self, line: str = "") -> Any:
+        """Save, list and restore the training state of notebook variables.
+
+        A checkpoint holds each named variable's state (modules, optimizers, LR
+        schedulers, GradScaler, tensors, torch Generators, plain values) plus the random
+        generator states of Python, NumPy, torch, CUDA and XLA, so a restored run
+        continues exactly as the uninterrupted one would. Files are written under a
+        temporary name, fsynced and renamed: a kernel that dies mid-save leaves the
+        previous checkpoint intact. Old checkpoints are rotated away only after the new
+        one is complete. Loading is safe: weights only, no code from the file runs.
+
+        Examples
+        --------
+        Save after some training, with the step number::
+
+            %checkpoint save model optimizer scheduler --step 1200
+
+        Save in the background and keep training::
+
+            %checkpoint save model optimizer --async
+
+        Keep a checkpoint by name, then list them::
+
+            %checkpoint save model --tag before-finetune
+            %checkpoint list
+
+        Restore the newest valid checkpoint, or a given step or tag::
+
+            %checkpoint restore model optimizer scheduler
+            %checkpoint restore model --from before-finetune
+
+        Save automatically every 10 minutes (after cells, in ipycloud training loops,
+        and when the session is about to end)::
+
+            %checkpoint auto model optimizer --every 10m
+            %checkpoint auto --off
+        """
+        args = parse_line(self.checkpoint, line)
+        from ipycloud.runtime.checkpoint import CheckpointError
+
+        try:
+            return getattr(self, f"_{args.action}")(args)
+        except (CheckpointError, ValueError) as error:
+            raise UsageError(f"%checkpoint {args.action}: {error}") from None
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def _save(self, args: argparse.Namespace) -> Any:
+        state = self._variables(args.names, "save")
+        manager = self._manager(args.folder)
+        step = manager.next_step() if args.step is None else args.step
+        info = manager.save(state, step, tag=args.tag, blocking=not args.background)
+        if info is None:
+            return Notice(f"saving step {step} of {', '.join(state)} in the background into "
+                          f"{manager.directory}; the next save or %checkpoint list waits for it")
+        return info
+
+    def _restore(self, args: argparse.Namespace) -> Notice:
+        state = self._variables(args.names, "restore")
+        manager = self._existing_manager(args.folder)
+        which: str | int = int(args.which) if args.which.isdigit() else args.which
+        info = manager.load(state, which)
+        self._ipython.user_ns.update(state)  # plain values come back as new objects
+        return Notice(f"restored {', '.join(state)} from {info.summary()}")
+
+    def _list(self, args: argparse.Namespace) -> Any:
+        if args.names:
+            raise UsageError(f"%checkpoint list takes no variable names (got "
+                             f"{' '.join(args.names)}); use --dir to pick a folder")
+        return self._existing_manager(args.folder).table()
+
+    def _auto(self, args: argparse.Namespace) -> Any:
+        from ipycloud.runtime.checkpoint import auto
+        from ipycloud.runtime.units import parse_duration
+
+        if args.off:
+            previous = auto.unregister()
+            return Notice("automatic checkpoints stopped" if previous
+                          else "no automatic checkpoint was registered")
+        if not args.names:
+            current = auto.registered()
+            if current is None:
+                raise UsageError("%checkpoint auto: name the variables to save, e.g. "
+                                 "%checkpoint auto model optimizer --every 10m")
+            return current
+        self._variables(args.names, "auto")  # they must exist now
+        names = tuple(args.names)
+        registration = auto.AutoCheckpoint(
+            manager=self._manager(args.folder),
+            collect=lambda: self._variables(names, "auto"),
+            names=names, every_s=parse_duration(args.every))
+        auto.register(registration)
+        if not self._hook_registered:
+            self._ipython.events.register("post_run_cell", self._after_cell)
+            self._hook_registered = True
+        return registration
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def _ipython(self) -> InteractiveShell:
+        if self.shell is None:
+            raise UsageError("%checkpoint works only inside an IPython shell")
+        return self.shell
+
+    def _after_cell(self, result: Any) -> None:
+        """Save the registered objects when a save is due; failures are shown, not raised."""
+        from ipycloud.runtime.checkpoint import auto
+
+        registration = auto.registered()
+        if registration is None or not registration.due():
+            return
+        try:
+            info = registration.save_now()
+        except Exception as error:  # shown in the notebook, never swallowed
+            print(f"ipycloud: automatic checkpoint failed: {error}")
+            return
+        print(f"ipycloud: automatic {info.summary()}")
+
+    def _variables(self, names: list[str] | tuple[str, ...], action: str) -> dict[str, Any]:
+        from ipycloud.runtime.checkpoint.state import kind_of
+
+        if not names:
+            raise UsageError(f"%checkpoint {action}: name the variables, e.g. "
+                             f"%checkpoint {action} model optimizer")
+        namespace = self._ipython.user_ns
+        state = {}
+        for name in names:
+            if name not in namespace:
+                raise UsageError(f"%checkpoint {action}: no variable named {name!r} in the "
+                                 "notebook; define it first or check the spelling")
+            if kind_of(namespace[name]) is None:
+                raise UsageError(
+                    f"%checkpoint {action}: {name!r} is a {type(namespace[name]).__name__} "
+                    "without state_dict(); checkpoint modules, optimizers, schedulers, "
+                    "scalers, tensors or plain values")
+            state[name] = namespace[name]
+        return state
+
+    def _folder(self, folder: str | None) -> Path:
+        from ipycloud.runtime.checkpoint import default_directory
+
+        chosen = folder or self.directory
+        return Path(chosen).expanduser() if chosen else default_directory("default")
+
+    def _manager(self, folder: str | None) -> CheckpointManager:
+        from ipycloud.runtime.checkpoint import CheckpointManager
+
+        path = self._folder(folder)
+        if path not in self._managers:
+            self._managers[path] = CheckpointManager(path, keep_last=self.keep_last)
+        return self._managers[path]
+
+    def _existing_manager(self, folder: str | None) -> CheckpointManager:
+        manager = self._manager(folder)
+        manager.wait()  # a save still being written counts
+        if not manager.directory.is_dir():
+            raise UsageError(f"%checkpoint: the folder {manager.directory} does not exist; "
+                             "save a checkpoint first, or give the right one with --dir")
+        if not manager.list():
+            raise UsageError(f"%checkpoint: no checkpoint in {manager.directory} yet; save "
+                             "one with %checkpoint save model optimizer")
+        return manager

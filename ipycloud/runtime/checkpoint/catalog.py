@@ -1,0 +1,189 @@
+"""The layout of a checkpoint folder, and reading it back.
+
+Each checkpoint is two files: ``<name>.pt`` (the state, written with torch.save) and
+``<name>.json`` (its manifest: step, metrics, versions, and the size and SHA-256 of the
+data file). The manifest is written last, atomically: a checkpoint exists exactly when its
+manifest does. ``latest`` holds the name of the newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ipycloud.runtime.checkpoint.durable import digest_of, write_bytes_atomically
+from ipycloud.runtime.tables import Table, aligned_lines, html_table
+from ipycloud.runtime.units import format_bytes
+
+FORMAT = "ipycloud-checkpoint/1"
+DATA_SUFFIX = ".pt"
+MANIFEST_SUFFIX = ".json"
+LATEST_POINTER = "latest"
+_NAME = re.compile(r"^step-\d{9,}(-[A-Za-z][A-Za-z0-9_.-]*)?(\.\d+)?$")
+_TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One complete checkpoint, as its manifest describes it."""
+
+    name: str
+    directory: Path
+    step: int
+    sequence: int  # order of saving in this folder: larger is newer
+    time: float  # Unix time of the save
+    tag: str | None = None
+    epoch: int | None = None
+    data_position: Any = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    objects: dict[str, str] = field(default_factory=dict)  # name -> how it was captured
+    rng: list[str] = field(default_factory=list)  # generators whose state is included
+    versions: dict[str, str | None] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # file -> size, sha256
+
+    @property
+    def data_path(self) -> Path:
+        return self.directory / f"{self.name}{DATA_SUFFIX}"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.directory / f"{self.name}{MANIFEST_SUFFIX}"
+
+    @property
+    def size(self) -> int:
+        """Bytes of the checkpoint's data files."""
+        return sum(int(entry["size"]) for entry in self.files.values())
+
+    def to_manifest(self) -> dict[str, Any]:
+        """The JSON manifest written beside the data file."""
+        manifest = asdict(self)
+        del manifest["directory"]
+        return {"format": FORMAT, **manifest}
+
+    @classmethod
+    def from_manifest(cls, manifest: dict[str, Any], directory: Path) -> CheckpointInfo:
+        """Parse a manifest; raises ValueError when it is not one of ours."""
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} manifest")
+        fields = {key: value for key, value in manifest.items() if key != "format"}
+        return cls(directory=directory, **fields)
+
+    def summary(self) -> str:
+        """One line: name, step, tag, size and when it was saved."""
+        tag = f", tag {self.tag}" if self.tag else ""
+        return (f"checkpoint {self.name}: step {self.step}{tag}, {format_bytes(self.size)}, saved "
+                f"{_when(self.time)} in {self.directory}")
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.summary())
+
+
+def validate_tag(tag: str | None) -> None:
+    """Tags name checkpoints: a letter first, then letters, digits, '-', '_' or '.'."""
+    if tag is not None and (not _TAG.match(tag) or tag == LATEST_POINTER):
+        raise ValueError(f"invalid tag {tag!r}: start with a letter and use only letters, "
+                         "digits, '-', '_' and '.' (at most 64), and not 'latest'")
+
+
+def new_name(step: int, tag: str | None, directory: Path) -> str:
+    """A name no file in ``directory`` uses yet: ``step-000000100[-tag][.N]``."""
+    base = f"step-{step:09d}" + (f"-{tag}" if tag else "")
+    name, counter = base, 1
+    while (directory / f"{name}{MANIFEST_SUFFIX}").exists() or (
+            directory / f"{name}{DATA_SUFFIX}").exists():
+        name, counter = f"{base}.{counter}", counter + 1
+    return name
+
+
+def is_checkpoint_name(name: str) -> bool:
+    return bool(_NAME.match(name))
+
+
+def read_catalog(directory: Path) -> tuple[list[CheckpointInfo], list[str]]:
+    """The checkpoints in a folder, oldest first, and the manifests that could not be read."""
+    infos, unreadable = [], []
+    for manifest in sorted(directory.glob(f"step-*{MANIFEST_SUFFIX}")):
+        if not is_checkpoint_name(manifest.stem):
+            continue
+        try:
+            infos.append(CheckpointInfo.from_manifest(json.loads(manifest.read_text()),
+                                                      directory))
+        except (OSError, ValueError, TypeError):
+            unreadable.append(manifest.name)
+    infos.sort(key=lambda info: info.sequence)
+    return infos, unreadable
+
+
+def write_manifest(info: CheckpointInfo) -> None:
+    """Commit a checkpoint: its manifest appears atomically, after its data."""
+    text = json.dumps(info.to_manifest(), indent=2, sort_keys=True)
+    write_bytes_atomically(info.manifest_path, text.encode())
+
+
+def read_latest_pointer(directory: Path) -> str | None:
+    try:
+        name = (directory / LATEST_POINTER).read_text().strip()
+    except OSError:
+        return None
+    return name if is_checkpoint_name(name) else None
+
+
+def write_latest_pointer(directory: Path, name: str) -> None:
+    write_bytes_atomically(directory / LATEST_POINTER, f"{name}\n".encode())
+
+
+def verification_problem(info: CheckpointInfo) -> str | None:
+    """Why the checkpoint's files do not match its manifest, or None when they do."""
+    for file_name, expected in info.files.items():
+        path = info.directory / file_name
+        try:
+            actual = digest_of(path)
+        except OSError as error:
+            return f"{file_name} cannot be read ({error.strerror or error})"
+        if actual.size != expected["size"]:
+            return f"{file_name} has {actual.size} bytes, the manifest says {expected['size']}"
+        if actual.sha256 != expected["sha256"]:
+            return f"{file_name} fails its SHA-256 check"
+    return None
+
+
+class CheckpointTable:
+    """``list()`` as a table: text in a terminal, HTML in a notebook."""
+
+    HEADERS = ("name", "step", "epoch", "tag", "metrics", "size", "saved")
+
+    def __init__(self, directory: Path, infos: list[CheckpointInfo], latest: str | None) -> None:
+        self.directory = directory
+        self.infos = infos
+        self.latest = latest
+
+    def table(self) -> Table:
+        rows = [(info.name + (" (latest)" if info.name == self.latest else ""), str(info.step),
+                 "" if info.epoch is None else str(info.epoch), info.tag or "",
+                 ", ".join(f"{key}={value:.4g}" for key, value in info.metrics.items()),
+                 format_bytes(info.size), _when(info.time)) for info in self.infos]
+        return self.HEADERS, rows
+
+    def __str__(self) -> str:
+        title = f"{len(self.infos)} checkpoint(s) in {self.directory}"
+        return "\n".join([title, *aligned_lines(*self.table())])
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        folder = html.escape(str(self.directory))
+        return (f"<p>{len(self.infos)} checkpoint(s) in <code>{folder}</code></p>"
+                + html_table(self.table()))
+
+
+def _when(unix_time: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_time))

@@ -1,0 +1,355 @@
+"""CheckpointManager: save, rotate, verify and restore the training state of live objects."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pickle
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ipycloud._version import __version__
+from ipycloud.runtime._optional import require
+from ipycloud.runtime.checkpoint import catalog, rng
+from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
+from ipycloud.runtime.checkpoint.durable import (
+    folder_lock,
+    fsync_folder,
+    stale_temporaries,
+    write_atomically,
+)
+from ipycloud.runtime.checkpoint.errors import (
+    CheckpointError,
+    CheckpointWarning,
+    UnsafeCheckpointError,
+)
+from ipycloud.runtime.checkpoint.state import HostBuffers, capture, restore
+
+Which = str | int
+
+
+class CheckpointManager:
+    """Checkpoints of live training state in one folder: durable, rotated, verifiable.
+
+    ``directory`` defaults to ``<platform persistent folder>/checkpoints/<run>``.
+    ``keep_last`` newest checkpoints are kept (None keeps all); ``keep_best=("val_loss",
+    "min")`` or ``("accuracy", "max", 2)`` also keeps the best by a metric. Tagged
+    checkpoints are never rotated away.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None,
+                 keep_last: int | None = 3, keep_best: tuple[Any, ...] | None = None,
+                 *, run: str = "default") -> None:
+        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be a positive integer or None, not {keep_last!r}")
+        self.directory = Path(directory) if directory is not None else default_directory(run)
+        self.keep_last = keep_last
+        self.keep_best = _parse_keep_best(keep_best)
+        self._buffers = HostBuffers()
+        self._writer: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._last_written: CheckpointInfo | None = None
+        _LIVE_MANAGERS.add(self)
+
+    # -- saving ------------------------------------------------------------------------------
+
+    def save(self, state: Mapping[str, Any], step: int, *, epoch: int | None = None,
+             data_position: Any = None, metrics: Mapping[str, float] | None = None,
+             tag: str | None = None, blocking: bool = True) -> CheckpointInfo | None:
+        """Save ``state`` (names -> live objects) as the checkpoint of ``step``.
+
+        With ``blocking=False`` the state is copied to reused host buffers and written by a
+        background thread; this returns None at once, and ``wait()`` gives the result. At
+        most one write is in flight: the next call waits for it and raises its failure.
+        """
+        self.wait()
+        _check_step(step)
+        catalog.validate_tag(tag)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        saved, kinds = capture(state)
+        rng_states = rng.capture_rng_states()
+        info = CheckpointInfo(
+            name=catalog.new_name(step, tag, self.directory), directory=self.directory,
+            step=step, sequence=self._next_sequence(), time=time.time(), tag=tag, epoch=epoch,
+            data_position=_json_ready(data_position, "data_position"),
+            metrics=_metrics(metrics), objects=kinds, rng=sorted(rng_states),
+            versions=_versions())
+        payload = {"format": catalog.FORMAT, "state": saved, "kinds": kinds, "rng": rng_states}
+        if blocking:
+            return self._write(info, payload)
+        payload = self._buffers.copy(payload)
+        self._writer = threading.Thread(target=self._write_in_background, args=(info, payload),
+                                        name="ipycloud-checkpoint-writer", daemon=True)
+        self._writer.start()
+        return None
+
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for an asynchronous save; raise its failure; return the last checkpoint written."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.join()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise CheckpointError(f"the previous asynchronous save failed: {failure}") from failure
+        return self._last_written
+
+    def _write_in_background(self, info: CheckpointInfo, payload: dict[str, Any]) -> None:
+        try:
+            self._write(info, payload)
+        except BaseException as error:  # kept for the next call, never lost
+            self._failure = error
+
+    def _write(self, info: CheckpointInfo, payload: dict[str, Any]) -> CheckpointInfo:
+        torch = require("torch", "torch")
+        with folder_lock(self.directory):
+            self._remove_leftovers()
+            try:
+                digest = write_atomically(info.data_path, lambda file: torch.save(payload, file))
+            except OSError as error:
+                raise CheckpointError(f"could not write {info.data_path}: "
+                                      f"{error.strerror or error}; the previous checkpoints "
+                                      "are untouched") from error
+            info = dataclasses.replace(info, files={info.data_path.name: {
+                "size": digest.size, "sha256": digest.sha256}})
+            catalog.write_manifest(info)
+            catalog.write_latest_pointer(self.directory, info.name)
+            self._rotate(info)
+        self._last_written = info
+        return info
+
+    def _remove_leftovers(self) -> None:
+        """Temporary files of dead writers and data files whose manifest never appeared."""
+        leftovers = list(stale_temporaries(self.directory))
+        leftovers += [data for data in self.directory.glob(f"step-*{catalog.DATA_SUFFIX}")
+                      if catalog.is_checkpoint_name(data.stem)
+                      and not data.with_suffix(catalog.MANIFEST_SUFFIX).exists()]
+        for path in leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        if leftovers:
+            fsync_folder(self.directory)
+
+    def _rotate(self, newest: CheckpointInfo) -> None:
+        """Delete what the keep rules no longer cover; runs only after ``newest`` is complete."""
+        infos, _ = catalog.read_catalog(self.directory)
+        keep = {newest.name} | {info.name for info in infos if info.tag}
+        untagged = [info for info in infos if not info.tag]
+        if self.keep_last is None:
+            keep |= {info.name for info in untagged}
+        else:
+            keep |= {info.name for info in untagged[-self.keep_last:]}
+        if self.keep_best is not None:
+            metric, mode, count = self.keep_best
+            scored = [info for info in infos if metric in info.metrics]
+            scored.sort(key=lambda info: (info.metrics[metric] * (1 if mode == "min" else -1),
+                                          -info.sequence))
+            keep |= {info.name for info in scored[:count]}
+        doomed = [info for info in infos if info.name not in keep]
+        for info in doomed:  # the manifest goes first: the checkpoint vanishes atomically
+            info.manifest_path.unlink(missing_ok=True)
+            info.data_path.unlink(missing_ok=True)
+        if doomed:
+            fsync_folder(self.directory)
+
+    def _next_sequence(self) -> int:
+        infos, _ = catalog.read_catalog(self.directory)
+        return infos[-1].sequence + 1 if infos else 1
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def list(self) -> list[CheckpointInfo]:
+        """The complete checkpoints in the folder, oldest first (manifests only: fast)."""
+        self._require_directory()
+        return catalog.read_catalog(self.directory)[0]
+
+    def table(self) -> CheckpointTable:
+        """``list()`` as a table for notebooks and terminals."""
+        return CheckpointTable(self.directory, self.list(),
+                               catalog.read_latest_pointer(self.directory))
+
+    def next_step(self) -> int:
+        """One more than the highest step saved here, or 0 for an empty folder."""
+        infos = self.list() if self.directory.is_dir() else []
+        return max((info.step for info in infos), default=-1) + 1
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest checkpoint that passes verification, or None when there is none."""
+        self._require_directory()
+        return next(self._verified("latest"), None)
+
+    def load(self, state: Mapping[str, Any], which: Which = "latest", map_location: Any = None,
+             strict: bool = True, *, restore_rng: bool = True,
+             unsafe_allow_pickle: bool = False) -> CheckpointInfo:
+        """Restore ``state``'s live objects (and the RNG states) from a checkpoint.
+
+        ``which`` is "latest", a step number, or a tag or name. For "latest", a checkpoint
+        failing verification is skipped with a CheckpointWarning and the newest valid one
+        is used. Loading uses ``torch.load(weights_only=True)``; a file that needs
+        arbitrary unpickling is refused unless ``unsafe_allow_pickle=True``, which lets the
+        file run any code it carries: use it only for files you made yourself.
+        """
+        self.wait()
+        self._require_directory()
+        info = next(self._verified(which), None)
+        if info is None:
+            raise CheckpointError(f"no valid checkpoint in {self.directory}")
+        payload = _torch_load(info, map_location, unsafe_allow_pickle)
+        restore(state, payload["state"], strict)
+        if restore_rng:
+            rng.restore_rng_states(payload.get("rng", {}))
+        return info
+
+    def _require_directory(self) -> None:
+        if not self.directory.is_dir():
+            raise CheckpointError(f"no checkpoint folder at {self.directory}")
+
+    def _verified(self, which: Which) -> Iterator[CheckpointInfo]:
+        """Candidates for ``which``, newest first, that pass verification."""
+        infos, unreadable = catalog.read_catalog(self.directory)
+        for name in unreadable:
+            warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
+                          "skipping it", CheckpointWarning, stacklevel=3)
+        candidates = _candidates(infos, which, catalog.read_latest_pointer(self.directory))
+        if not candidates and which != "latest":
+            raise CheckpointError(_not_found(which, infos, self.directory))
+        for info in candidates:
+            problem = catalog.verification_problem(info)
+            if problem is None:
+                yield info
+            elif which == "latest":
+                warnings.warn(f"checkpoint {info.name} in {self.directory} is damaged "
+                              f"({problem}); using the previous one", CheckpointWarning,
+                              stacklevel=3)
+            else:
+                raise CheckpointError(f"checkpoint {info.name} is damaged: {problem}")
+
+
+def default_directory(run: str) -> Path:
+    """``<persistent folder>/checkpoints/<run>`` for this platform."""
+    from ipycloud.runtime.platform import detect_platform
+
+    platform = detect_platform()
+    if platform.persistent_dir is None:
+        warnings.warn(f"nothing survives a {platform.name} session: checkpoints go to "
+                      f"{platform.scratch_dir}; download them or pass directory=",
+                      CheckpointWarning, stacklevel=3)
+        return platform.scratch_dir / "checkpoints" / run
+    if not platform.persistent_dir.is_dir():
+        raise CheckpointError(f"the persistent folder {platform.persistent_dir} of "
+                              f"{platform.name} does not exist: mount it first, or pass "
+                              "directory=")
+    return platform.persistent_dir / "checkpoints" / run
+
+
+def _candidates(infos: list[CheckpointInfo], which: Which,
+                latest: str | None) -> list[CheckpointInfo]:
+    newest_first = infos[::-1]
+    if which == "latest":
+        return sorted(newest_first, key=lambda info: info.name != latest)  # pointer first
+    if isinstance(which, int) and not isinstance(which, bool):
+        return [info for info in newest_first if info.step == which]
+    if isinstance(which, str):
+        return [info for info in newest_first if which in (info.tag, info.name)]
+    raise TypeError(f"which must be 'latest', a step or a tag, not {which!r}")
+
+
+def _not_found(which: Which, infos: list[CheckpointInfo], directory: Path) -> str:
+    if isinstance(which, int):
+        steps = ", ".join(str(info.step) for info in infos) or "none"
+        return f"no checkpoint of step {which} in {directory} (steps saved: {steps})"
+    tags = ", ".join(sorted({info.tag for info in infos if info.tag})) or "none"
+    return f"no checkpoint tagged or named {which!r} in {directory} (tags: {tags})"
+
+
+def _torch_load(info: CheckpointInfo, map_location: Any, unsafe: bool) -> dict[str, Any]:
+    torch = require("torch", "torch")
+    if unsafe:
+        warnings.warn(f"loading {info.data_path} with unsafe_allow_pickle=True: the file can "
+                      "run any code it carries", CheckpointWarning, stacklevel=3)
+        payload = torch.load(info.data_path, map_location=map_location, weights_only=False)
+    else:
+        try:
+            payload = torch.load(info.data_path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as error:
+            reason = str(error).strip().splitlines()[-1]
+            raise UnsafeCheckpointError(
+                f"refusing {info.data_path}: it holds objects a safe load does not allow "
+                f"({reason}). Only if you made this file yourself, load it with "
+                "unsafe_allow_pickle=True") from None
+    if not isinstance(payload, dict) or payload.get("format") != catalog.FORMAT:
+        raise CheckpointError(f"{info.data_path} is not an ipycloud checkpoint")
+    return payload
+
+
+def _check_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, not {step!r}")
+
+
+def _parse_keep_best(keep_best: tuple[Any, ...] | None) -> tuple[str, str, int] | None:
+    if keep_best is None:
+        return None
+    metric, mode, count = (*keep_best, 1) if len(keep_best) == 2 else keep_best
+    if not isinstance(metric, str) or mode not in ("min", "max") or not (
+            isinstance(count, int) and count >= 1):
+        raise ValueError("keep_best is (metric, 'min' or 'max'[, count >= 1]), "
+                         f"not {keep_best!r}")
+    return metric, mode, count
+
+
+def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
+    """Metrics as plain floats (tensors and NumPy scalars included); NaN is refused."""
+    values = {}
+    for key, value in (metrics or {}).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"metric {key!r} must be a number, not {value!r}") from None
+        if math.isnan(number):
+            raise ValueError(f"metric {key!r} is NaN")
+        values[str(key)] = number
+    return values
+
+
+def _json_ready(value: Any, name: str) -> Any:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be JSON data (numbers, strings, lists, dicts), "
+                         f"not {value!r}") from None
+    return value
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": sys.version.split()[0], "ipycloud": __version__}
+    for module in ("torch", "numpy", "torch_xla"):
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            versions[module] = getattr(loaded, "__version__", None)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        versions["cuda"] = torch.version.cuda
+    return versions
+
+
+_LIVE_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_for_writes_at_exit() -> None:
+    """Interpreter exit waits for asynchronous saves; a failure is reported, not lost."""
+    for manager in list(_LIVE_MANAGERS):
+        try:
+            manager.wait()
+        except CheckpointError as error:
+            print(f"ipycloud: {error}", file=sys.stderr)

@@ -1,0 +1,158 @@
+"""Turning live objects into saveable state and back.
+
+A state maps names to live objects: anything with ``state_dict()`` / ``load_state_dict()``
+(modules, optimizers, LR schedulers, GradScaler), tensors (restored in place), torch
+Generators, and plain values (numbers, strings, lists, dicts), which are put back into the
+mapping on restore. Every leaf must be something ``torch.load(weights_only=True)`` accepts,
+and this is checked before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from ipycloud.runtime.checkpoint.errors import CheckpointError
+
+STATEFUL, TENSOR, GENERATOR, VALUE = "stateful", "tensor", "generator", "value"
+_PLAIN = (int, float, bool, str, bytes, complex, type(None))
+
+
+def kind_of(obj: Any) -> str | None:
+    """How an object is saved, or None when it cannot be."""
+    import torch
+
+    if callable(getattr(obj, "state_dict", None)) and callable(
+            getattr(obj, "load_state_dict", None)):
+        return STATEFUL
+    if isinstance(obj, torch.Tensor):
+        return TENSOR
+    if isinstance(obj, torch.Generator):
+        return GENERATOR
+    if isinstance(obj, (*_PLAIN, list, tuple, dict)):
+        return VALUE
+    return None
+
+
+def capture(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The saveable form of each named object, and how each was captured."""
+    saved: dict[str, Any] = {}
+    kinds: dict[str, str] = {}
+    for name, obj in state.items():
+        kind = kind_of(obj)
+        if kind is None:
+            raise CheckpointError(
+                f"state[{name!r}] is a {type(obj).__name__}, which has no state_dict(): save "
+                "modules, optimizers, schedulers, scalers, tensors, generators or plain values")
+        value = (obj.state_dict() if kind == STATEFUL else obj.detach() if kind == TENSOR
+                 else obj.get_state() if kind == GENERATOR else obj)
+        check_loadable(value, f"state[{name!r}]")
+        saved[name], kinds[name] = value, kind
+    return saved, kinds
+
+
+def check_loadable(value: Any, where: str) -> None:
+    """Raise CheckpointError naming the first leaf that safe loading would refuse."""
+    import torch
+
+    if isinstance(value, (*_PLAIN, torch.Tensor, torch.dtype, torch.device, torch.Size)):
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            check_loadable(key, f"{where} key {key!r}")
+            check_loadable(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, list | tuple | set | frozenset):
+        for index, item in enumerate(value):
+            check_loadable(item, f"{where}[{index}]")
+        return
+    hint = (" (convert it with torch.from_numpy)" if type(value).__module__ == "numpy" else "")
+    raise CheckpointError(f"{where} is a {type(value).__name__}, which a safe "
+                          f"(weights_only) load cannot read back{hint}")
+
+
+def restore(state: MutableMapping[str, Any] | Mapping[str, Any], saved: Mapping[str, Any],
+            strict: bool) -> list[str]:
+    """Load saved values into the live objects of ``state``; returns the names restored."""
+    import torch
+
+    missing = [name for name in state if name not in saved]
+    if missing and strict:
+        raise CheckpointError(f"the checkpoint has no {', '.join(map(repr, missing))} (it "
+                              f"holds {', '.join(map(repr, saved)) or 'nothing'}); pass "
+                              "strict=False to restore the rest")
+    restored = []
+    for name, obj in state.items():
+        if name not in saved:
+            continue
+        kind, value = kind_of(obj), saved[name]
+        if kind == STATEFUL:
+            _load_state_dict(obj, value, strict)
+        elif kind == TENSOR:
+            with torch.no_grad():
+                obj.copy_(value)
+        elif kind == GENERATOR:
+            obj.set_state(value)
+        elif isinstance(state, MutableMapping):
+            state[name] = value
+        else:
+            raise CheckpointError(f"cannot put the plain value {name!r} back into a read-only "
+                                  "mapping: pass a dict")
+        restored.append(name)
+    return restored
+
+
+def _load_state_dict(obj: Any, value: Any, strict: bool) -> None:
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        obj.load_state_dict(value, strict=strict)
+    else:
+        obj.load_state_dict(value)
+
+
+class HostBuffers:
+    """Host copies of a state's tensors, reused from one asynchronous save to the next.
+
+    A tensor keeps its buffer while its place in the state, shape and dtype stay the same,
+    so steady-state saves allocate nothing. Buffers for CUDA tensors are pinned, which lets
+    the device-to-host copies run asynchronously.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], Any] = {}
+
+    def copy(self, value: Any) -> Any:
+        """A copy of ``value`` whose tensors live in this object's host buffers."""
+        import torch
+
+        copied = self._copy(value, ())
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the non-blocking copies must land before writing
+        return copied
+
+    def _copy(self, value: Any, path: tuple[Any, ...]) -> Any:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            return self._copy_tensor(value, path)
+        if isinstance(value, Mapping):
+            copied = {key: self._copy(item, (*path, key)) for key, item in value.items()}
+            return OrderedDict(copied) if isinstance(value, OrderedDict) else copied
+        if isinstance(value, list | tuple):
+            items = [self._copy(item, (*path, index)) for index, item in enumerate(value)]
+            return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
+        return value  # immutable leaves
+
+    def _copy_tensor(self, tensor: Any, path: tuple[Any, ...]) -> Any:
+        import torch
+
+        tensor = tensor.detach()
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
+                                 pin_memory=tensor.is_cuda)
+            self._buffers[path] = buffer
+        buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        return buffer

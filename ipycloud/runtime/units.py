@@ -1,0 +1,50 @@
+"""Quantities as people read them: bytes in binary units, durations in hours and minutes."""
+
+from __future__ import annotations
+
+import re
+
+NA = "n/a"
+
+
+def format_bytes(value: float | None) -> str:
+    """Bytes in binary units with one decimal: ``15.0 GiB``; None as n/a."""
+    if value is None:
+        return NA
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def format_duration(seconds: float | None) -> str:
+    """Seconds as ``12 h`` or ``1 h 30 min``; None as "none known"."""
+    if seconds is None:
+        return "none known"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    parts = [f"{hours} h"] if hours else []
+    if minutes or not hours:
+        parts.append(f"{minutes} min")
+    return " ".join(parts)
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``2d``; ValueError otherwise."""
+    cleaned = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", cleaned):
+        seconds = float(cleaned)
+    elif cleaned and _DURATION.sub("", cleaned) == "":
+        seconds = sum(float(number) * _DURATION_UNITS[unit]
+                      for number, unit in _DURATION.findall(cleaned))
+    else:
+        raise ValueError(f"{text!r} is not a duration: write it like 90s, 10m, 1h30m or 2d")
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return seconds

@@ -1,0 +1,189 @@
+"""``%checkpoint`` on a real IPython shell, with real torch objects and real files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from IPython.core.error import UsageError
+
+from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager, auto
+
+
+@pytest.fixture
+def notebook(shell, tmp_path: Path):
+    """A shell with a model, an optimizer, a scheduler and a plain value defined."""
+    shell.run_cell(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),\n"
+        "                            torch.nn.Linear(8, 1))\n"
+        "optimizer = torch.optim.Adam(model.parameters(), lr=0.01)\n"
+        "scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)\n"
+        "epoch = 3\n"
+        "def train_step():\n"
+        "    optimizer.zero_grad()\n"
+        "    model(torch.randn(16, 4)).pow(2).mean().backward()\n"
+        "    optimizer.step(); scheduler.step()\n"
+        "train_step()\n"
+    )
+    yield shell
+    auto.unregister()
+
+
+def weights(shell) -> list[torch.Tensor]:
+    return [tensor.clone() for tensor in shell.user_ns["model"].state_dict().values()]
+
+
+def test_save_list_restore_round_trip(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    info = notebook.run_line_magic("checkpoint", f"save model optimizer scheduler epoch "
+                                                 f"--dir {folder} --step 100")
+    assert isinstance(info, CheckpointInfo) and info.step == 100
+    saved = weights(notebook)
+    saved_lr = notebook.user_ns["optimizer"].param_groups[0]["lr"]
+    notebook.run_cell("train_step(); train_step(); epoch = 5")
+    assert not torch.equal(weights(notebook)[0], saved[0])
+
+    notice = notebook.run_line_magic("checkpoint", f"restore model optimizer scheduler epoch "
+                                                   f"--dir {folder}")
+    assert str(notice).startswith("restored model, optimizer, scheduler, epoch from checkpoint "
+                                  "step-000000100")
+    assert all(torch.equal(a, b) for a, b in zip(weights(notebook), saved, strict=True))
+    assert notebook.user_ns["optimizer"].param_groups[0]["lr"] == saved_lr
+    assert notebook.user_ns["epoch"] == 3
+
+    table = notebook.run_line_magic("checkpoint", f"list --dir {folder}")
+    text = str(table)
+    assert text.splitlines()[0] == f"1 checkpoint(s) in {folder}"
+    assert "step-000000100 (latest)" in text
+    assert "<table>" in table._repr_html_()
+
+
+def test_steps_count_up_and_tags_and_steps_can_be_restored(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    first = notebook.run_line_magic("checkpoint", f"save model --dir {folder}")
+    notebook.run_cell("train_step()")
+    tagged = notebook.run_line_magic("checkpoint", f"save model --dir {folder} --tag warm")
+    after_tag = weights(notebook)
+    notebook.run_cell("train_step()")
+    notebook.run_line_magic("checkpoint", f"save model --dir {folder}")
+    assert (first.step, tagged.step) == (0, 1)
+    notebook.run_line_magic("checkpoint", f"restore model --dir {folder} --from warm")
+    assert all(torch.equal(a, b) for a, b in zip(weights(notebook), after_tag, strict=True))
+    notebook.run_line_magic("checkpoint", f"restore model --dir {folder} --from 0")
+    first_state = torch.load(first.data_path, weights_only=True)["state"]["model"]
+    assert torch.equal(notebook.user_ns["model"][0].weight, first_state["0.weight"])
+
+
+def test_async_save_returns_at_once_and_is_listed(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    notice = notebook.run_line_magic("checkpoint", f"save model optimizer --async --dir {folder}")
+    assert "in the background" in str(notice)
+    saved = weights(notebook)
+    notebook.run_cell("train_step()")  # training goes on while the file is written
+    table = notebook.run_line_magic("checkpoint", f"list --dir {folder}")
+    assert [info.step for info in table.infos] == [0]
+    stored = torch.load(table.infos[0].data_path, weights_only=True)["state"]["model"]
+    assert all(torch.equal(a, b) for a, b in zip(stored.values(), saved, strict=True))
+
+
+def test_configured_folder_is_used_without_dir(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "configured"
+    notebook.run_line_magic("config", f"CheckpointMagics.directory = {str(folder)!r}")
+    notebook.run_line_magic("checkpoint", "save model")
+    assert [info.step for info in CheckpointManager(folder).list()] == [0]
+
+
+def test_default_folder_is_under_the_platform_persistent_folder(notebook, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for variable in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "JUPYTERHUB_USER",
+                     "BINDER_SERVICE_HOST"):
+        monkeypatch.delenv(variable, raising=False)
+    info = notebook.run_line_magic("checkpoint", "save model")
+    assert info.directory == tmp_path / "checkpoints" / "default"
+
+
+def test_auto_registers_and_saves_after_a_cell_when_due(notebook, tmp_path: Path,
+                                                        capsys) -> None:
+    folder = tmp_path / "auto"
+    registration = notebook.run_line_magic("checkpoint",
+                                           f"auto model optimizer --every 10m --dir {folder}")
+    assert auto.registered() is registration
+    assert str(registration).startswith("auto checkpoint of model, optimizer every 10 min")
+    notebook.run_cell("train_step()")
+    assert not folder.exists()  # not due yet
+    registration.last_saved_at -= 601  # ten minutes pass
+    notebook.run_cell("train_step()")
+    assert "ipycloud: automatic checkpoint step-000000000" in capsys.readouterr().out
+    saved = torch.load(CheckpointManager(folder).latest().data_path, weights_only=True)
+    assert torch.equal(saved["state"]["model"]["0.weight"], notebook.user_ns["model"][0].weight)
+    assert registration.save_now().step == 1  # what deadline and SIGTERM handlers call
+    assert notebook.run_line_magic("checkpoint", "auto") is registration
+    assert str(notebook.run_line_magic("checkpoint", "auto --off")) == (
+        "automatic checkpoints stopped")
+    assert auto.registered() is None
+
+
+def test_auto_save_failure_is_shown_not_swallowed(notebook, tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    registration = notebook.run_line_magic("checkpoint", f"auto model --every 1s --dir {blocker}")
+    registration.last_saved_at -= 2
+    notebook.run_cell("x = 1")
+    assert "ipycloud: automatic checkpoint failed:" in capsys.readouterr().out
+
+
+def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "auto"
+    registration = notebook.run_line_magic("checkpoint", f"auto model --every 1h --dir {folder}")
+    notebook.run_cell("model = torch.nn.Linear(2, 2)")
+    info = registration.save_now()
+    stored = torch.load(info.data_path, weights_only=True)["state"]["model"]
+    assert set(stored) == {"weight", "bias"} and stored["weight"].shape == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("", "the following arguments are required: action"),
+        ("bogus", "invalid choice: 'bogus'"),
+        ("save", "name the variables, e.g. %checkpoint save model optimizer"),
+        ("save modle", "no variable named 'modle' in the notebook"),
+        ("save train_step", "'train_step' is a function without state_dict()"),
+        ("save model --step x", "argument --step: invalid int value: 'x'"),
+        ("save model --step -3", "step must be a non-negative integer"),
+        ("save model --tag 9lives", "invalid tag '9lives'"),
+        ("save model --tag latest", "invalid tag 'latest'"),
+        ("save model --unknown", "unrecognized arguments: --unknown"),
+        ("restore model --dir {tmp}/missing", "does not exist; save a checkpoint first"),
+        ("restore model --dir {tmp}/empty", "no checkpoint in"),
+        ("list --dir {tmp}/empty", "no checkpoint in"),
+        ("list model", "%checkpoint list takes no variable names"),
+        ("restore model --dir {tmp}/one --from 7", "no checkpoint of step 7"),
+        ("restore model --dir {tmp}/one --from best", "no checkpoint tagged or named 'best'"),
+        ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch'"),
+        ("auto", "name the variables to save"),
+        ("auto model --every soon", "'soon' is not a duration"),
+        ("auto nothing_here", "no variable named 'nothing_here'"),
+    ],
+)
+def test_bad_lines_give_one_line_usage_errors(notebook, tmp_path: Path, line, message) -> None:
+    (tmp_path / "empty").mkdir()
+    CheckpointManager(tmp_path / "one").save({"model": notebook.user_ns["model"]}, 0)
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", line.format(tmp=tmp_path))
+    text = str(caught.value)
+    assert message in text
+    assert text.startswith("%checkpoint") and "\n" not in text
+
+
+def test_help_page_lists_every_action_with_examples(shell) -> None:
+    doc = shell.find_line_magic("checkpoint").__doc__
+    for example in ("%checkpoint save model optimizer --async", "%checkpoint list",
+                    "%checkpoint restore model --from before-finetune",
+                    "%checkpoint auto model optimizer --every 10m"):
+        assert example in doc
+    assert "{save,restore,list,auto}" in doc
