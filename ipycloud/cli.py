@@ -17,12 +17,9 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ipycloud.runtime.report import environment_report
+    from ipycloud.demo import run_demo
 
-    print(f"ipycloud {__version__}: the environment this machine offers for training\n")
-    print(environment_report(processes=True))
-    print("\nIn a notebook: %load_ext ipycloud, then %gpuinfo")
-    return 0
+    return run_demo()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("-p", "--processes", action="store_true",
                       help="also list the processes using each GPU")
     info.set_defaults(handler=_info)
-    demo = commands.add_parser("demo", help="show what ipycloud does on this machine")
+    demo = commands.add_parser(
+        "demo", help="show what ipycloud does on this machine: report, crash-proof checkpoints")
     demo.set_defaults(handler=_demo)
     return parser
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,18 @@ def test_console_script_runs_demo() -> None:
     assert result.returncode == 0, result.stderr
     assert f"ipycloud {__version__}" in result.stdout
     assert "Platform" in result.stdout and "%load_ext ipycloud" in result.stdout
+    assert "was killed with SIGKILL" in result.stdout
+    assert "verified and loaded; contents intact: True" in result.stdout
+    assert "identical to the last bit: True" in result.stdout
+    assert not list(Path(tempfile.gettempdir()).glob("ipycloud-demo-*"))  # cleaned up
+
+
+def test_demo_without_torch_says_how_to_get_the_rest() -> None:
+    code = "import sys; sys.modules['torch'] = None; from ipycloud.cli import main; main(['demo'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "torch is not installed: pip install 'ipycloud[torch]'" in result.stdout
 
 
 def test_version() -> None:
