@@ -40,10 +40,15 @@ class _HashingWriter:
         self._raw = raw
         self._hash = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None  # a failed write, even if the producer swallowed it
 
     def write(self, data: bytes | memoryview) -> int:
         self._hash.update(data)
-        written = self._raw.write(data)
+        try:
+            written = self._raw.write(data)
+        except OSError as error:
+            self.error = error
+            raise
         self.size += len(data) if written is None else written
         return written
 
@@ -87,7 +92,14 @@ def write_atomically(final: Path, produce: Callable[[BinaryIO], object]) -> File
     try:
         with open(temporary, "xb") as raw:
             writer = _HashingWriter(raw)
-            produce(writer)  # type: ignore[arg-type]
+            try:
+                produce(writer)  # type: ignore[arg-type]
+            except Exception:
+                # torch.save turns a failed write (disk full) into a RuntimeError about
+                # stream positions: raise the OSError that actually happened.
+                if writer.error is not None:
+                    raise writer.error from None
+                raise
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(temporary, final)

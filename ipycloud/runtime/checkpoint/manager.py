@@ -9,6 +9,7 @@ import json
 import math
 import os
 import pickle
+import re
 import sys
 import threading
 import time
@@ -75,15 +76,20 @@ class CheckpointManager:
         self.wait()
         _check_step(step)
         catalog.validate_tag(tag)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        checked_metrics = _metrics(metrics)
+        position = _json_ready(data_position, "data_position")
         saved, kinds = capture(state)
         rng_states = rng.capture_rng_states()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CheckpointError(f"cannot create the folder {self.directory}: "
+                                  f"{error.strerror or error}") from error
         info = CheckpointInfo(
             name=catalog.new_name(step, tag, self.directory), directory=self.directory,
             step=step, sequence=self._next_sequence(), time=time.time(), tag=tag, epoch=epoch,
-            data_position=_json_ready(data_position, "data_position"),
-            metrics=_metrics(metrics), objects=kinds, rng=sorted(rng_states),
-            versions=_versions())
+            data_position=position, metrics=checked_metrics, objects=kinds,
+            rng=sorted(rng_states), versions=_versions())
         payload = {"format": catalog.FORMAT, "state": saved, "kinds": kinds, "rng": rng_states}
         if blocking:
             return self._write(info, payload)
@@ -115,15 +121,21 @@ class CheckpointManager:
             self._remove_leftovers()
             try:
                 digest = write_atomically(info.data_path, lambda file: torch.save(payload, file))
+                info = dataclasses.replace(info, files={info.data_path.name: {
+                    "size": digest.size, "sha256": digest.sha256}})
+                catalog.write_manifest(info)
             except OSError as error:
-                raise CheckpointError(f"could not write {info.data_path}: "
+                info.data_path.unlink(missing_ok=True)  # never committed: no manifest names it
+                raise CheckpointError(f"could not write {info.name} in {self.directory}: "
                                       f"{error.strerror or error}; the previous checkpoints "
                                       "are untouched") from error
-            info = dataclasses.replace(info, files={info.data_path.name: {
-                "size": digest.size, "sha256": digest.sha256}})
-            catalog.write_manifest(info)
-            catalog.write_latest_pointer(self.directory, info.name)
-            self._rotate(info)
+            try:
+                catalog.write_latest_pointer(self.directory, info.name)
+                self._rotate(info)
+            except OSError as error:
+                raise CheckpointError(f"{info.name} is saved, but updating 'latest' or "
+                                      f"removing old checkpoints failed: "
+                                      f"{error.strerror or error}") from error
         self._last_written = info
         return info
 
@@ -281,14 +293,24 @@ def _torch_load(info: CheckpointInfo, map_location: Any, unsafe: bool) -> dict[s
         try:
             payload = torch.load(info.data_path, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as error:
-            reason = str(error).strip().splitlines()[-1]
+            reason = _refusal_reason(str(error))
             raise UnsafeCheckpointError(
                 f"refusing {info.data_path}: it holds objects a safe load does not allow "
                 f"({reason}). Only if you made this file yourself, load it with "
                 "unsafe_allow_pickle=True") from None
-    if not isinstance(payload, dict) or payload.get("format") != catalog.FORMAT:
+    if (not isinstance(payload, dict) or payload.get("format") != catalog.FORMAT
+            or not isinstance(payload.get("state"), dict)):
         raise CheckpointError(f"{info.data_path} is not an ipycloud checkpoint")
     return payload
+
+
+def _refusal_reason(message: str) -> str:
+    """The sentence of torch's weights_only refusal that names what was refused."""
+    found = re.search(r"WeightsUnpickler error: (.*?)(?: Please |\n|$)", message)
+    if found:
+        return found.group(1).strip()
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown reason"
 
 
 def _check_step(step: int) -> None:

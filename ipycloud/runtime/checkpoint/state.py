@@ -44,7 +44,8 @@ def capture(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         if kind is None:
             raise CheckpointError(
                 f"state[{name!r}] is a {type(obj).__name__}, which has no state_dict(): save "
-                "modules, optimizers, schedulers, scalers, tensors, generators or plain values")
+                "modules, optimizers, schedulers, scalers, tensors, generators or plain values"
+                + _numpy_hint(obj))
         value = (obj.state_dict() if kind == STATEFUL else obj.detach() if kind == TENSOR
                  else obj.get_state() if kind == GENERATOR else obj)
         check_loadable(value, f"state[{name!r}]")
@@ -56,20 +57,28 @@ def check_loadable(value: Any, where: str) -> None:
     """Raise CheckpointError naming the first leaf that safe loading would refuse."""
     import torch
 
-    if isinstance(value, (*_PLAIN, torch.Tensor, torch.dtype, torch.device, torch.Size)):
+    # Exact types for plain values and containers: subclasses (NumPy scalars are floats,
+    # enums are ints, namedtuples are tuples) pickle by class name, which a safe load refuses.
+    if type(value) in _PLAIN or isinstance(value, (torch.Tensor, torch.dtype, torch.device,
+                                                   torch.Size)):
         return
-    if isinstance(value, Mapping):
+    if type(value) in (dict, OrderedDict):
         for key, item in value.items():
             check_loadable(key, f"{where} key {key!r}")
             check_loadable(item, f"{where}[{key!r}]")
         return
-    if isinstance(value, list | tuple | set | frozenset):
+    if type(value) in (list, tuple, set):
         for index, item in enumerate(value):
             check_loadable(item, f"{where}[{index}]")
         return
-    hint = (" (convert it with torch.from_numpy)" if type(value).__module__ == "numpy" else "")
     raise CheckpointError(f"{where} is a {type(value).__name__}, which a safe "
-                          f"(weights_only) load cannot read back{hint}")
+                          f"(weights_only) load cannot read back{_numpy_hint(value)}")
+
+
+def _numpy_hint(value: Any) -> str:
+    if type(value).__module__ != "numpy":
+        return ""
+    return " (convert it with torch.from_numpy, or .item() for a scalar)"
 
 
 def restore(state: MutableMapping[str, Any] | Mapping[str, Any], saved: Mapping[str, Any],
@@ -82,13 +91,20 @@ def restore(state: MutableMapping[str, Any] | Mapping[str, Any], saved: Mapping[
         raise CheckpointError(f"the checkpoint has no {', '.join(map(repr, missing))} (it "
                               f"holds {', '.join(map(repr, saved)) or 'nothing'}); pass "
                               "strict=False to restore the rest")
+    for name, obj in state.items():  # every check first: a mismatch changes nothing
+        if name in saved:
+            _check_compatible(name, obj, saved[name], strict)
     restored = []
     for name, obj in state.items():
         if name not in saved:
             continue
         kind, value = kind_of(obj), saved[name]
         if kind == STATEFUL:
-            _load_state_dict(obj, value, strict)
+            try:
+                _load_state_dict(obj, value, strict)
+            except (RuntimeError, ValueError, KeyError, TypeError) as error:
+                raise CheckpointError(f"cannot restore {name!r}: "
+                                      f"{' '.join(str(error).split())}") from error
         elif kind == TENSOR:
             with torch.no_grad():
                 obj.copy_(value)
@@ -101,6 +117,34 @@ def restore(state: MutableMapping[str, Any] | Mapping[str, Any], saved: Mapping[
                                   "mapping: pass a dict")
         restored.append(name)
     return restored
+
+
+def _check_compatible(name: str, obj: Any, value: Any, strict: bool) -> None:
+    """Refuse, before anything changes, a saved value that cannot go into ``obj``."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if not isinstance(value, torch.Tensor) or value.shape != obj.shape:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise CheckpointError(f"cannot restore {name!r}: the checkpoint holds {shape}, "
+                                  f"the live tensor is {tuple(obj.shape)}")
+        return
+    if not isinstance(obj, torch.nn.Module):
+        return
+    if not isinstance(value, Mapping):
+        raise CheckpointError(f"cannot restore {name!r}: the checkpoint holds no module state")
+    live = obj.state_dict()
+    wrong = [key for key, tensor in value.items() if key in live
+             and getattr(tensor, "shape", None) != live[key].shape]
+    missing, unexpected = sorted(set(live) - set(value)), sorted(set(value) - set(live))
+    problems = [f"shapes differ for {', '.join(wrong)}"] if wrong else []
+    if strict and missing:
+        problems.append(f"missing {', '.join(missing)}")
+    if strict and unexpected:
+        problems.append(f"unexpected {', '.join(unexpected)}")
+    if problems:
+        hint = " (strict=False skips missing and unexpected keys)" if not wrong else ""
+        raise CheckpointError(f"cannot restore {name!r}: {'; '.join(problems)}{hint}")
 
 
 def _load_state_dict(obj: Any, value: Any, strict: bool) -> None:

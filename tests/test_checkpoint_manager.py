@@ -1,0 +1,488 @@
+"""CheckpointManager with real torch objects on the CPU and real files in a temporary folder."""
+
+from __future__ import annotations
+
+import copy
+import math
+import multiprocessing
+import random
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from ipycloud.runtime import platform
+from ipycloud.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    CheckpointWarning,
+)
+
+FORK = multiprocessing.get_context("fork")
+
+
+def build(seed: int) -> dict[str, Any]:
+    """A model with buffers, AdamW, a step LR schedule and a CPU GradScaler."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** (seed + 4), growth_interval=2)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+
+
+def train(parts: dict[str, Any], steps: int) -> None:
+    """A few real optimisation steps, so every object has non-trivial state."""
+    model, optimizer = parts["model"], parts["optimizer"]
+    for _ in range(steps):
+        inputs = torch.randn(32, 8)
+        loss = nn.functional.mse_loss(model(inputs), inputs[:, :2] * 3.0)
+        optimizer.zero_grad()
+        parts["scaler"].scale(loss).backward()
+        parts["scaler"].step(optimizer)
+        parts["scaler"].update()
+        parts["scheduler"].step()
+
+
+def snapshot(parts: dict[str, Any]) -> dict[str, Any]:
+    """Deep copies of every object's state_dict()."""
+    return {name: copy.deepcopy(obj.state_dict()) for name, obj in parts.items()}
+
+
+def differences(actual: Any, expected: Any, where: str = "") -> list[str]:
+    """Where two nested states differ: tensors bit for bit (and dtype), the rest by ==."""
+    if isinstance(expected, torch.Tensor):
+        same = (isinstance(actual, torch.Tensor) and actual.dtype == expected.dtype
+                and actual.shape == expected.shape and torch.equal(actual, expected))
+        return [] if same else [where]
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            return [f"{where} keys"]
+        return [d for key in expected for d in differences(actual[key], expected[key],
+                                                            f"{where}[{key!r}]")]
+    if isinstance(expected, list | tuple):
+        if not isinstance(actual, list | tuple) or len(actual) != len(expected):
+            return [f"{where} length"]
+        return [d for index, (a, e) in enumerate(zip(actual, expected, strict=True))
+                for d in differences(a, e, f"{where}[{index}]")]
+    return [] if actual == expected else [f"{where}: {actual!r} != {expected!r}"]
+
+
+def checkpoint_files(folder: Path) -> list[str]:
+    """Names of the checkpoint files (data and manifests) in the folder."""
+    return sorted(path.name for path in folder.glob("step-*"))
+
+
+def steps_of(manager: CheckpointManager) -> list[int]:
+    """The steps of the listed checkpoints, oldest first."""
+    return [info.step for info in manager.list()]
+
+
+# -- round trip -------------------------------------------------------------------------------
+
+def test_round_trip_restores_every_kind_of_object(tmp_path: Path) -> None:
+    parts = build(seed=0)
+    train(parts, 5)
+    tensor = torch.arange(12.0).reshape(3, 4)
+    generator = torch.Generator().manual_seed(11)
+    torch.rand(5, generator=generator)
+    state = {**parts, "tensor": tensor, "shuffle": generator, "epoch": 4,
+             "history": [0.5, 0.25], "config": {"name": "warm", "layers": (8, 16)}}
+    expected = snapshot(parts)
+    assert expected["scaler"]["scale"] != 2.0 ** 4  # the scaler really moved
+    assert expected["scheduler"]["last_epoch"] == 5
+    manager = CheckpointManager(tmp_path / "run")
+    info = manager.save(state, step=5)
+    assert info is not None and info.step == 5
+    next_draw = torch.rand(5, generator=generator)
+
+    fresh = build(seed=9)
+    train(fresh, 1)
+    assert differences(snapshot(fresh)["model"], expected["model"])
+    fresh_tensor = torch.zeros(3, 4)
+    fresh_generator = torch.Generator().manual_seed(99)
+    restored: dict[str, Any] = {**fresh, "tensor": fresh_tensor, "shuffle": fresh_generator,
+                                "epoch": None, "history": None, "config": None}
+    assert manager.load(restored).name == info.name
+
+    assert differences(snapshot(fresh), expected) == []
+    assert restored["tensor"] is fresh_tensor  # in place
+    assert torch.equal(fresh_tensor, torch.arange(12.0).reshape(3, 4))
+    assert restored["shuffle"] is fresh_generator
+    assert torch.equal(torch.rand(5, generator=fresh_generator), next_draw)
+    assert restored["epoch"] == 4 and restored["history"] == [0.5, 0.25]
+    assert restored["config"] == {"name": "warm", "layers": (8, 16)}
+    assert fresh["scheduler"].get_last_lr() == parts["scheduler"].get_last_lr()
+    assert fresh["scaler"].get_scale() == parts["scaler"].get_scale()
+
+
+def test_strict_names_what_is_missing_and_non_strict_restores_the_rest(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    source = nn.Linear(4, 4)
+    manager.save({"model": source}, step=1)
+    target = nn.Linear(4, 4)
+    before = copy.deepcopy(target.state_dict())
+    extra = torch.full((2,), 5.0)
+    with pytest.raises(CheckpointError, match=r"no 'ema'.*strict=False"):
+        manager.load({"model": target, "ema": extra})
+    assert differences(target.state_dict(), before) == []  # nothing half-restored
+    manager.load({"model": target, "ema": extra}, strict=False)
+    assert differences(target.state_dict(), source.state_dict()) == []
+    assert torch.equal(extra, torch.full((2,), 5.0))
+
+
+# -- rotation ---------------------------------------------------------------------------------
+
+def test_keep_last_keeps_exactly_the_newest(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder, keep_last=3)
+    for step in range(1, 8):
+        manager.save({"step": step}, step=step)
+    assert steps_of(manager) == [5, 6, 7]
+    assert checkpoint_files(folder) == [f"step-{step:09d}.{ext}" for step in (5, 6, 7)
+                                        for ext in ("json", "pt")]
+
+
+def test_keep_best_keeps_the_best_as_well(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "low", keep_last=2, keep_best=("val_loss", "min"))
+    for step, loss in enumerate([0.9, 0.3, 0.5, 0.7, 0.6], start=1):
+        manager.save({"step": step}, step=step, metrics={"val_loss": loss})
+    assert steps_of(manager) == [2, 4, 5]
+
+    manager = CheckpointManager(tmp_path / "high", keep_last=1, keep_best=("acc", "max", 2))
+    for step, accuracy in enumerate([0.1, 0.9, 0.8, 0.2, 0.3, 0.4], start=1):
+        manager.save({"step": step}, step=step, metrics={"acc": accuracy})
+    assert steps_of(manager) == [2, 3, 6]
+
+
+def test_tagged_checkpoints_survive_rotation(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run", keep_last=2)
+    manager.save({"step": 1}, step=1, tag="warmup")
+    for step in range(2, 7):
+        manager.save({"step": step}, step=step)
+    assert steps_of(manager) == [1, 5, 6]
+    state: dict[str, Any] = {"step": None}
+    assert manager.load(state, which="warmup").step == 1 and state["step"] == 1
+
+
+# -- choosing a checkpoint and listing them ---------------------------------------------------
+
+def test_which_step_tag_or_name_and_unknown_ones(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run", keep_last=None)
+    manager.save({"step": 10}, step=10)
+    named = manager.save({"step": 20}, step=20, tag="best")
+    manager.save({"step": 30}, step=30)
+    assert named is not None and named.name == "step-000000020-best"
+    state: dict[str, Any] = {"step": None}
+    assert manager.load(state, which=10).step == 10 and state["step"] == 10
+    assert manager.load(state, which="best").step == 20 and state["step"] == 20
+    assert manager.load(state, which=named.name).step == 20
+    assert manager.load(state).step == 30 and state["step"] == 30
+    with pytest.raises(CheckpointError, match=r"step 25 .*steps saved: 10, 20, 30"):
+        manager.load(state, which=25)
+    with pytest.raises(CheckpointError, match=r"'nope'.*tags: best"):
+        manager.load(state, which="nope")
+    assert state["step"] == 30
+
+
+def test_list_is_in_save_order_with_its_fields(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder, keep_last=None)
+    started = time.time()
+    first = manager.save({"weights": torch.ones(1000)}, step=5, epoch=1,
+                         metrics={"loss": 0.5, "acc": torch.tensor(0.75)})
+    second = manager.save({"weights": torch.ones(10)}, step=3, tag="retry",
+                          data_position={"epoch": 0, "batch": 7})
+    finished = time.time()
+    listed = manager.list()
+    assert [info.name for info in listed] == ["step-000000005", "step-000000003-retry"]
+    assert [info.step for info in listed] == [5, 3]  # save order, not step order
+    assert [info.tag for info in listed] == [None, "retry"]
+    assert listed[0].metrics == {"loss": 0.5, "acc": 0.75} and listed[1].metrics == {}
+    assert listed[0].epoch == 1 and listed[1].data_position == {"epoch": 0, "batch": 7}
+    for info in listed:
+        assert info.size == info.data_path.stat().st_size > 0
+        assert started <= info.time <= finished
+    assert listed[0].size > listed[1].size
+    assert (listed[0], listed[1]) == (first, second)
+    assert (folder / "latest").read_text().strip() == "step-000000003-retry"
+    assert manager.latest() == second
+    assert manager.next_step() == 6
+
+
+# -- asynchronous saves -----------------------------------------------------------------------
+
+def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run", keep_last=None)
+    model = nn.Linear(1024, 1024)
+    at_save = copy.deepcopy(model.state_dict())
+    assert manager.save({"model": model}, step=1, blocking=False) is None
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)  # before the background write can have finished
+    info = manager.wait()
+    assert info is not None and info.step == 1 and info.data_path.is_file()
+    buffers = dict(manager._buffers._buffers)
+    assert len(buffers) >= 2
+    live = {parameter.data_ptr() for parameter in model.parameters()}
+    assert not live & {buffer.data_ptr() for buffer in buffers.values()}
+
+    at_second = copy.deepcopy(model.state_dict())
+    assert manager.save({"model": model}, step=2, blocking=False) is None
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(0.0)
+    assert manager.wait().step == 2  # type: ignore[union-attr]
+    assert {key: id(value) for key, value in manager._buffers._buffers.items()} == {
+        key: id(value) for key, value in buffers.items()}  # reused, not reallocated
+
+    restored = nn.Linear(1024, 1024)
+    manager.load({"model": restored}, which=1)
+    assert differences(restored.state_dict(), at_save) == []
+    manager.load({"model": restored}, which=2)
+    assert differences(restored.state_dict(), at_second) == []
+
+
+def _fail_in_background(folder: str) -> dict[str, Any]:
+    """With file size capped, async saves fail in the writer thread; report what surfaced."""
+    manager = CheckpointManager(folder, keep_last=None)
+    manager.save({"weights": torch.ones(8)}, step=1)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+    outcome: dict[str, Any] = {}
+    big = {"weights": torch.ones(1 << 18)}
+    outcome["returned"] = manager.save(big, step=2, blocking=False)
+    try:
+        manager.wait()
+    except CheckpointError as error:
+        outcome["wait"] = str(error)
+    outcome["wait_again"] = manager.wait().step  # type: ignore[union-attr]
+    manager.save(big, step=3, blocking=False)
+    try:
+        manager.save({"weights": torch.ones(8)}, step=4)
+    except CheckpointError as error:
+        outcome["save"] = str(error)
+    outcome["after"] = manager.save({"weights": torch.ones(8)}, step=5).step  # type: ignore
+    return outcome
+
+
+def test_a_background_failure_surfaces_at_the_next_call(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    outcome = in_child(_fail_in_background, str(folder))
+    assert outcome["returned"] is None
+    assert outcome["wait"].startswith("the previous asynchronous save failed: could not write")
+    assert "could not write step-000000002 in" in outcome["wait"]
+    assert outcome["wait_again"] == 1  # raised once, then cleared
+    assert outcome["save"].startswith("the previous asynchronous save failed: could not write")
+    assert "could not write step-000000003 in" in outcome["save"]
+    assert outcome["after"] == 5
+    assert steps_of(CheckpointManager(folder)) == [1, 5]
+    assert not [path for path in folder.iterdir() if path.name.startswith(".tmp-")]
+
+
+def in_child(target: Callable[..., Any], *args: Any) -> Any:
+    """Run ``target(*args)`` in a forked child and return its result (raise if it failed)."""
+    receiver, sender = FORK.Pipe(duplex=False)
+    process = FORK.Process(target=_child_main, args=(sender, target, args))
+    process.start()
+    sender.close()
+    try:
+        assert receiver.poll(120), "the child sent nothing"
+        status, value = receiver.recv()
+    finally:
+        process.join(30)
+    assert status == "ok", value
+    return value
+
+
+def _child_main(sender: Any, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    torch.set_num_threads(1)  # OpenMP's thread pool does not survive fork
+    try:
+        sender.send(("ok", target(*args)))
+    except BaseException as error:  # report everything, the parent asserts
+        sender.send(("error", f"{type(error).__name__}: {error}"))
+
+
+EXIT_RIGHT_AFTER_ASYNC_SAVE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import torch
+    from ipycloud.runtime.checkpoint import CheckpointManager
+
+    folder = Path(sys.argv[1])
+    manager = CheckpointManager(folder)
+    manager.save({"weights": torch.full((16 << 20,), 7.0)}, step=7, blocking=False)
+    print("committed at return:", any(folder.glob("step-*.json")))
+""")
+
+
+def test_interpreter_exit_waits_for_an_async_save(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-c", EXIT_RIGHT_AFTER_ASYNC_SAVE, str(folder)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "committed at return: False"  # the write was pending
+    assert result.stderr == ""
+    state = {"weights": torch.zeros(16 << 20)}
+    info = CheckpointManager(folder).load(state)
+    assert info.step == 7 and torch.all(state["weights"] == 7.0)
+    assert not [path for path in folder.iterdir() if path.name.startswith(".tmp-")]
+
+
+# -- refused inputs ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("state", "pattern"), [
+    ({"thing": object()}, r"state\['thing'\] is a object, which has no state_dict\(\)"),
+    ({"array": np.zeros(3)}, r"state\['array'\].*torch\.from_numpy"),
+    ({"stats": {"mean": np.zeros(3)}}, r"state\['stats'\]\['mean'\].*torch\.from_numpy"),
+    ({"stats": {"best": np.float64(0.5)}}, r"state\['stats'\]\['best'\] is a float64"),
+], ids=["object", "numpy-array", "nested-array", "numpy-scalar"])
+def test_unsaveable_state_is_refused_before_writing(tmp_path: Path, state: dict[str, Any],
+                                                     pattern: str) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder)
+    with pytest.raises(CheckpointError, match=pattern):
+        manager.save({"model": nn.Linear(2, 2), **state}, step=1)
+    assert checkpoint_files(folder) == []
+
+
+@pytest.mark.parametrize("step", [-1, 1.5, True, "3"])
+def test_bad_steps_are_value_errors(tmp_path: Path, step: Any) -> None:
+    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+        CheckpointManager(tmp_path / "run").save({"x": 1}, step=step)
+
+
+@pytest.mark.parametrize("tag", ["1abc", "latest", "a/b", "", "x" * 65])
+def test_bad_tags_are_value_errors(tmp_path: Path, tag: str) -> None:
+    with pytest.raises(ValueError, match="invalid tag"):
+        CheckpointManager(tmp_path / "run").save({"x": 1}, step=1, tag=tag)
+
+
+def test_nan_metric_is_a_value_error_and_saves_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    with pytest.raises(ValueError, match="'loss' is NaN"):
+        CheckpointManager(folder).save({"x": 1}, step=1, metrics={"loss": math.nan})
+    assert not list(folder.glob("step-*"))
+
+
+def test_loading_from_a_missing_folder_is_a_checkpoint_error(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "never-saved")
+    with pytest.raises(CheckpointError, match=r"no checkpoint folder at .*never-saved"):
+        manager.load({"x": None})
+    with pytest.raises(CheckpointError, match="no checkpoint folder"):
+        manager.list()
+    assert manager.next_step() == 0
+
+
+# -- default folder ---------------------------------------------------------------------------
+
+def platform_neutral_env(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """No platform's variables from the host, and HOME pointed at ``home``."""
+    for rule in platform._RULES:
+        for name in (*rule.env, *(name for name, _ in rule.env_values)):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+
+
+def test_default_directory_is_under_home_on_a_local_machine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    platform_neutral_env(monkeypatch, tmp_path)
+    assert platform.detect_platform().key == "local"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        manager = CheckpointManager()
+    assert manager.directory == tmp_path / "checkpoints" / "default"
+    assert CheckpointManager(run="exp-2").directory == tmp_path / "checkpoints" / "exp-2"
+    manager.save({"x": 1}, step=1)
+    assert (tmp_path / "checkpoints" / "default" / "step-000000001.json").is_file()
+
+
+def test_colab_without_mounted_drive_says_to_mount_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    platform_neutral_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20250101-060000_RC00")
+    assert not Path("/content/drive/MyDrive").exists()
+    with pytest.raises(CheckpointError, match=r"/content/drive/MyDrive .*mount it first"):
+        CheckpointManager()
+
+
+def test_a_platform_where_nothing_persists_warns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    platform_neutral_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/example/repo")
+    with pytest.warns(CheckpointWarning, match="nothing survives a Binder session"):
+        manager = CheckpointManager()
+    assert manager.directory == Path(tempfile.gettempdir()) / "checkpoints" / "default"
+
+
+# -- random generators ------------------------------------------------------------------------
+
+def draws() -> tuple[float, float, float, torch.Tensor]:
+    """One draw from each global generator: random, NumPy (uniform, Gaussian), torch."""
+    return random.random(), float(np.random.rand()), float(np.random.randn()), torch.rand(4)
+
+
+def test_random_generators_continue_as_after_the_save(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    draws()
+    np.random.randn()  # leaves a cached Gaussian in NumPy's legacy state
+    manager.save({"x": 1}, step=1)
+    expected = draws()
+
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    manager.load({"x": None}, restore_rng=False)
+    untouched = draws()
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    assert differences(draws(), untouched) == []  # restore_rng=False leaves them alone
+    assert differences(untouched, expected) != []
+
+    manager.load({"x": None})
+    assert differences(draws(), expected) == []
+
+
+def test_a_mismatched_restore_changes_nothing(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    manager.save({"model": nn.Linear(3, 2), "buffer": torch.ones(4)}, step=0)
+    model, buffer = nn.Linear(3, 2), torch.zeros(4)
+    before = copy.deepcopy(model.state_dict())
+    wider = {"model": model, "buffer": torch.zeros(5)}
+    with pytest.raises(CheckpointError, match=r"cannot restore 'buffer': the checkpoint holds "
+                       r"\(4,\), the live tensor is \(5,\)"):
+        manager.load(wider)
+    assert all(torch.equal(before[key], value) for key, value in model.state_dict().items())
+    with pytest.raises(CheckpointError, match="cannot restore 'model': shapes differ for weight"):
+        manager.load({"model": nn.Linear(3, 3), "buffer": buffer})
+    assert torch.equal(buffer, torch.zeros(4))
+    no_bias = nn.Linear(3, 2, bias=False)
+    with pytest.raises(CheckpointError, match=r"unexpected bias \(strict=False skips"):
+        manager.load({"model": no_bias})
+    manager.load({"model": no_bias}, strict=False)
+    assert no_bias.weight.shape == (2, 3)
+
+
+def test_a_refused_save_creates_no_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "never"
+    with pytest.raises(CheckpointError, match="has no state_dict"):
+        CheckpointManager(folder).save({"bad": object()}, step=0)
+    with pytest.raises(ValueError, match="metric 'loss' must be a number"):
+        CheckpointManager(folder).save({"ok": 1}, step=0, metrics={"loss": "low"})
+    assert not folder.exists()
