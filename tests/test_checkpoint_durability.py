@@ -11,7 +11,6 @@ import dataclasses
 import errno
 import hashlib
 import json
-import multiprocessing
 import os
 import pathlib
 import random
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 import torch
+from checkpoint_helpers import FORK, in_child
 
 from ipycloud.runtime.checkpoint import (
     CheckpointError,
@@ -35,7 +35,6 @@ from ipycloud.runtime.checkpoint import (
     catalog,
 )
 
-FORK = multiprocessing.get_context("fork")
 ELEMENTS = 1 << 20  # 4 MiB of float32 per checkpoint: a write takes real time
 KILL_TRIALS = 60
 MAX_KILL_DELAY_S = 0.25
@@ -78,29 +77,6 @@ def step_state(step: int) -> dict[str, Any]:
 def blank_state() -> dict[str, Any]:
     """A state to load into, holding no step's values."""
     return {"weights": torch.full((ELEMENTS,), -1.0), "step": None}
-
-
-def in_child(target: Callable[..., Any], *args: Any) -> Any:
-    """Run ``target(*args)`` in a forked child and return its result (raise if it failed)."""
-    receiver, sender = FORK.Pipe(duplex=False)
-    process = FORK.Process(target=_child_main, args=(sender, target, args))
-    process.start()
-    sender.close()
-    try:
-        assert receiver.poll(120), "the child sent nothing"
-        status, value = receiver.recv()
-    finally:
-        process.join(30)
-    assert status == "ok", value
-    return value
-
-
-def _child_main(sender: Any, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(1)  # OpenMP's thread pool does not survive fork
-    try:
-        sender.send(("ok", target(*args)))
-    except BaseException as error:  # report everything, the parent asserts
-        sender.send(("error", f"{type(error).__name__}: {error}"))
 
 
 # -- SIGKILL at a random instant ------------------------------------------------------------

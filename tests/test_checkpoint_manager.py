@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import multiprocessing
 import random
 import resource
 import signal
@@ -14,13 +13,13 @@ import tempfile
 import textwrap
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from checkpoint_helpers import differences, in_child
 from torch import nn
 
 from ipycloud.runtime import platform
@@ -29,8 +28,6 @@ from ipycloud.runtime.checkpoint import (
     CheckpointManager,
     CheckpointWarning,
 )
-
-FORK = multiprocessing.get_context("fork")
 
 
 def build(seed: int) -> dict[str, Any]:
@@ -59,25 +56,6 @@ def train(parts: dict[str, Any], steps: int) -> None:
 def snapshot(parts: dict[str, Any]) -> dict[str, Any]:
     """Deep copies of every object's state_dict()."""
     return {name: copy.deepcopy(obj.state_dict()) for name, obj in parts.items()}
-
-
-def differences(actual: Any, expected: Any, where: str = "") -> list[str]:
-    """Where two nested states differ: tensors bit for bit (and dtype), the rest by ==."""
-    if isinstance(expected, torch.Tensor):
-        same = (isinstance(actual, torch.Tensor) and actual.dtype == expected.dtype
-                and actual.shape == expected.shape and torch.equal(actual, expected))
-        return [] if same else [where]
-    if isinstance(expected, dict):
-        if not isinstance(actual, dict) or set(actual) != set(expected):
-            return [f"{where} keys"]
-        return [d for key in expected for d in differences(actual[key], expected[key],
-                                                            f"{where}[{key!r}]")]
-    if isinstance(expected, list | tuple):
-        if not isinstance(actual, list | tuple) or len(actual) != len(expected):
-            return [f"{where} length"]
-        return [d for index, (a, e) in enumerate(zip(actual, expected, strict=True))
-                for d in differences(a, e, f"{where}[{index}]")]
-    return [] if actual == expected else [f"{where}: {actual!r} != {expected!r}"]
 
 
 def checkpoint_files(folder: Path) -> list[str]:
@@ -290,29 +268,6 @@ def test_a_background_failure_surfaces_at_the_next_call(tmp_path: Path) -> None:
     assert outcome["after"] == 5
     assert steps_of(CheckpointManager(folder)) == [1, 5]
     assert not [path for path in folder.iterdir() if path.name.startswith(".tmp-")]
-
-
-def in_child(target: Callable[..., Any], *args: Any) -> Any:
-    """Run ``target(*args)`` in a forked child and return its result (raise if it failed)."""
-    receiver, sender = FORK.Pipe(duplex=False)
-    process = FORK.Process(target=_child_main, args=(sender, target, args))
-    process.start()
-    sender.close()
-    try:
-        assert receiver.poll(120), "the child sent nothing"
-        status, value = receiver.recv()
-    finally:
-        process.join(30)
-    assert status == "ok", value
-    return value
-
-
-def _child_main(sender: Any, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    torch.set_num_threads(1)  # OpenMP's thread pool does not survive fork
-    try:
-        sender.send(("ok", target(*args)))
-    except BaseException as error:  # report everything, the parent asserts
-        sender.send(("error", f"{type(error).__name__}: {error}"))
 
 
 EXIT_RIGHT_AFTER_ASYNC_SAVE = textwrap.dedent("""

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from checkpoint_helpers import differences
 
 from ipycloud.runtime.checkpoint import CheckpointManager
 
@@ -45,25 +46,6 @@ def finish(*processes: subprocess.Popen[str]) -> None:
     for process in processes:
         out, err = process.communicate(timeout=180)
         assert process.returncode == 0, f"{process.args}\n{out}\n{err}"
-
-
-def differences(actual: Any, expected: Any, where: str = "") -> list[str]:
-    """Where two nested states differ: tensors bit for bit (and dtype), the rest by ==."""
-    if isinstance(expected, torch.Tensor):
-        same = (isinstance(actual, torch.Tensor) and actual.dtype == expected.dtype
-                and actual.shape == expected.shape and torch.equal(actual, expected))
-        return [] if same else [where]
-    if isinstance(expected, dict):
-        if not isinstance(actual, dict) or set(actual) != set(expected):
-            return [f"{where} keys"]
-        return [d for key in expected for d in differences(actual[key], expected[key],
-                                                            f"{where}[{key!r}]")]
-    if isinstance(expected, list | tuple):
-        if not isinstance(actual, list | tuple) or len(actual) != len(expected):
-            return [f"{where} length"]
-        return [d for index, (a, e) in enumerate(zip(actual, expected, strict=True))
-                for d in differences(a, e, f"{where}[{index}]")]
-    return [] if actual == expected else [f"{where}: {actual!r} != {expected!r}"]
 
 
 @pytest.fixture(scope="module")
