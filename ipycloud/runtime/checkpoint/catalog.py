@@ -1,7 +1,7 @@
 """The layout of a checkpoint folder, and reading it back.
 
 Each checkpoint is two files: ``<name>.pt`` (the state, written with torch.save) and
-``<name>.json`` (its manifest: step, metrics, versions, and the size and SHA-256 of the
+``<name>.json`` (its manifest: step, metrics, versions, and the size and CRC-32 of the
 data file). The manifest is written last, atomically: a checkpoint exists exactly when its
 manifest does. ``latest`` holds the name of the newest complete checkpoint.
 """
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.checkpoint.durable import digest_of, write_bytes_atomically
+from ipycloud.runtime.checkpoint.durable import FileDigest, write_bytes_atomically
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
 from ipycloud.runtime.units import format_bytes
 
@@ -44,7 +44,7 @@ class CheckpointInfo:
     objects: dict[str, str] = field(default_factory=dict)  # name -> how it was captured
     rng: list[str] = field(default_factory=list)  # generators whose state is included
     versions: dict[str, str | None] = field(default_factory=dict)
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # file -> size, sha256
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # file -> size, crc32
 
     @property
     def data_path(self) -> Path:
@@ -145,13 +145,14 @@ def verification_problem(info: CheckpointInfo) -> str | None:
     for file_name, expected in info.files.items():
         path = info.directory / file_name
         try:
-            actual = digest_of(path)
+            size = path.stat().st_size
+            if size != expected.get("size"):  # cheap first: truncation needs no reading
+                return f"{file_name} has {size} bytes, the manifest says {expected.get('size')}"
+            actual = FileDigest.of(path)
         except OSError as error:
             return f"{file_name} cannot be read ({error.strerror or error})"
-        if actual.size != expected["size"]:
-            return f"{file_name} has {actual.size} bytes, the manifest says {expected['size']}"
-        if actual.sha256 != expected["sha256"]:
-            return f"{file_name} fails its SHA-256 check"
+        if actual.crc32 != expected.get("crc32"):
+            return f"{file_name} fails its CRC-32 check"
     return None
 
 

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
+import mmap
 import os
 import secrets
+import threading
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 TEMP_PREFIX = ".tmp-"
 LOCK_NAME = ".ipycloud.lock"
-_CHUNK = 8 * 1024 * 1024
+_CHUNK = 64 * 1024 * 1024
 # fsync on a folder is refused by some FUSE and network file systems; the rename still holds.
 _FOLDER_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF,
                              errno.EISDIR, errno.EACCES}
@@ -27,36 +32,80 @@ _FOLDER_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errn
 
 @dataclass(frozen=True)
 class FileDigest:
-    """Size and SHA-256 of a file's content."""
+    """Size and CRC-32 of a file's content: enough to catch truncation and flipped bytes.
+
+    It guards against accidents (a kernel killed mid-write, a damaged disk or sync), not
+    against tampering: what makes loading safe is ``torch.load(weights_only=True)``.
+    """
 
     size: int
-    sha256: str
+    crc32: str  # eight hex digits
+
+    @classmethod
+    def of(cls, path: Path) -> FileDigest:
+        """Read ``path`` (mapped, in large slices) and checksum it."""
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size == 0:
+                return cls(0, f"{zlib.crc32(b''):08x}")
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                view = memoryview(mapped)
+                checksum = 0
+                for offset in range(0, size, _CHUNK):  # zlib releases the GIL per slice
+                    checksum = zlib.crc32(view[offset:offset + _CHUNK], checksum)
+                view.release()
+        return cls(size, f"{checksum:08x}")
 
 
-class _HashingWriter:
-    """A write-only file object that hashes and counts what passes through it."""
+class _RecordingWriter:
+    """A write-only file object that remembers a failed write.
+
+    torch.save turns a failed write (a full disk) into a RuntimeError about stream
+    positions; the OSError recorded here is the one worth showing.
+    """
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
-        self._hash = hashlib.sha256()
-        self.size = 0
-        self.error: OSError | None = None  # a failed write, even if the producer swallowed it
+        self.error: OSError | None = None
 
     def write(self, data: bytes | memoryview) -> int:
-        self._hash.update(data)
         try:
-            written = self._raw.write(data)
+            return self._raw.write(data)
         except OSError as error:
             self.error = error
             raise
-        self.size += len(data) if written is None else written
-        return written
 
     def flush(self) -> None:
         self._raw.flush()
 
-    def digest(self) -> FileDigest:
-        return FileDigest(self.size, self._hash.hexdigest())
+
+def side_by_side(background: Callable[[], A], foreground: Callable[[], B]) -> tuple[A, B]:
+    """Run two blocking calls at once (both release the GIL) and return both results.
+
+    The background call's exception is raised after the foreground one finishes. Where no
+    thread can be started (at interpreter exit), the calls run one after the other.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = background()
+        except BaseException as error:
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name="ipycloud-side-by-side", daemon=True)
+    try:
+        worker.start()
+    except RuntimeError:  # interpreter shutdown
+        run()
+    try:
+        result = foreground()
+    finally:
+        if worker.ident is not None:
+            worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"], result
 
 
 def temp_name_for(final: Path) -> Path:
@@ -84,47 +133,37 @@ def fsync_folder(folder: Path) -> None:
 def write_atomically(final: Path, produce: Callable[[BinaryIO], object]) -> FileDigest:
     """Write ``final`` through ``produce(file)`` so that it appears whole or not at all.
 
-    The content goes to a temporary name in the same folder, is flushed and fsynced, then
-    renamed over ``final``; the folder is fsynced last. On any error or interrupt the
-    temporary file is removed and ``final`` is untouched.
+    The content goes to a temporary name in the same folder and is flushed. While fsync
+    waits for the disk, the file is read back and checksummed, so the digest describes
+    what the file system holds, not what was meant to be written. Then the file is renamed
+    over ``final`` and the folder fsynced. On any error or interrupt the temporary file is
+    removed and ``final`` is untouched.
     """
     temporary = temp_name_for(final)
     try:
         with open(temporary, "xb") as raw:
-            writer = _HashingWriter(raw)
+            writer = _RecordingWriter(raw)
             try:
                 produce(writer)  # type: ignore[arg-type]
             except Exception:
-                # torch.save turns a failed write (disk full) into a RuntimeError about
-                # stream positions: raise the OSError that actually happened.
                 if writer.error is not None:
                     raise writer.error from None
                 raise
             raw.flush()
-            os.fsync(raw.fileno())
+            _, digest = side_by_side(lambda: os.fsync(raw.fileno()),
+                                     lambda: FileDigest.of(temporary))
         os.replace(temporary, final)
     except BaseException:
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise
     fsync_folder(final.parent)
-    return writer.digest()
+    return digest
 
 
 def write_bytes_atomically(final: Path, data: bytes) -> FileDigest:
     """Write ``data`` to ``final`` atomically and durably."""
     return write_atomically(final, lambda file: file.write(data))
-
-
-def digest_of(path: Path) -> FileDigest:
-    """Size and SHA-256 of a file, read in large chunks."""
-    sha = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as file:
-        while chunk := file.read(_CHUNK):
-            sha.update(chunk)
-            size += len(chunk)
-    return FileDigest(size, sha.hexdigest())
 
 
 def _writer_pid(name: str) -> int | None:

@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.durable import (
     folder_lock,
     fsync_folder,
+    side_by_side,
     stale_temporaries,
     write_atomically,
 )
@@ -120,9 +121,10 @@ class CheckpointManager:
         with folder_lock(self.directory):
             self._remove_leftovers()
             try:
-                digest = write_atomically(info.data_path, lambda file: torch.save(payload, file))
+                digest = write_atomically(info.data_path,
+                                          lambda file: _serialize(torch, payload, file))
                 info = dataclasses.replace(info, files={info.data_path.name: {
-                    "size": digest.size, "sha256": digest.sha256}})
+                    "size": digest.size, "crc32": digest.crc32}})
                 catalog.write_manifest(info)
             except OSError as error:
                 info.data_path.unlink(missing_ok=True)  # never committed: no manifest names it
@@ -212,10 +214,7 @@ class CheckpointManager:
         """
         self.wait()
         self._require_directory()
-        info = next(self._verified(which), None)
-        if info is None:
-            raise CheckpointError(f"no valid checkpoint in {self.directory}")
-        payload = _torch_load(info, map_location, unsafe_allow_pickle)
+        info, payload = self._load_verified(which, map_location, unsafe_allow_pickle)
         restore(state, payload["state"], strict)
         if restore_rng:
             rng.restore_rng_states(payload.get("rng", {}))
@@ -225,25 +224,55 @@ class CheckpointManager:
         if not self.directory.is_dir():
             raise CheckpointError(f"no checkpoint folder at {self.directory}")
 
+    def _load_verified(self, which: Which, map_location: Any,
+                       unsafe: bool) -> tuple[CheckpointInfo, dict[str, Any]]:
+        """The newest candidate for ``which`` that verifies, with its loaded payload.
+
+        The checksum is computed while torch reads the file, and nothing is restored
+        unless it matches. An unsafe load runs the file's code, so it verifies first.
+        """
+        for info in self._candidates(which):
+            if unsafe:
+                problem = catalog.verification_problem(info)
+                if problem is None:
+                    return info, _torch_load(info, map_location, unsafe)
+            else:
+                problem, (payload, failure) = side_by_side(
+                    lambda: catalog.verification_problem(info),  # noqa: B023 (waited for here)
+                    lambda: _load_or_failure(info, map_location))  # noqa: B023
+                if problem is None:
+                    if failure is not None:
+                        raise failure
+                    return info, payload
+            self._damaged(info, problem, which)
+        raise CheckpointError(f"no valid checkpoint in {self.directory}")
+
     def _verified(self, which: Which) -> Iterator[CheckpointInfo]:
         """Candidates for ``which``, newest first, that pass verification."""
-        infos, unreadable = catalog.read_catalog(self.directory)
-        for name in unreadable:
-            warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
-                          "skipping it", CheckpointWarning, stacklevel=3)
-        candidates = _candidates(infos, which, catalog.read_latest_pointer(self.directory))
-        if not candidates and which != "latest":
-            raise CheckpointError(_not_found(which, infos, self.directory))
-        for info in candidates:
+        for info in self._candidates(which):
             problem = catalog.verification_problem(info)
             if problem is None:
                 yield info
-            elif which == "latest":
-                warnings.warn(f"checkpoint {info.name} in {self.directory} is damaged "
-                              f"({problem}); using the previous one", CheckpointWarning,
-                              stacklevel=3)
             else:
-                raise CheckpointError(f"checkpoint {info.name} is damaged: {problem}")
+                self._damaged(info, problem, which)
+
+    def _candidates(self, which: Which) -> Sequence[CheckpointInfo]:
+        """Checkpoints matching ``which``, newest first (for "latest", the pointer first)."""
+        infos, unreadable = catalog.read_catalog(self.directory)
+        for name in unreadable:
+            warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
+                          "skipping it", CheckpointWarning, stacklevel=4)
+        candidates = _candidates(infos, which, catalog.read_latest_pointer(self.directory))
+        if not candidates and which != "latest":
+            raise CheckpointError(_not_found(which, infos, self.directory))
+        return candidates
+
+    def _damaged(self, info: CheckpointInfo, problem: str, which: Which) -> None:
+        """Skip a damaged checkpoint with a warning for "latest"; refuse it when named."""
+        if which != "latest":
+            raise CheckpointError(f"checkpoint {info.name} is damaged: {problem}")
+        warnings.warn(f"checkpoint {info.name} in {self.directory} is damaged ({problem}); "
+                      "using the previous one", CheckpointWarning, stacklevel=4)
 
 
 def default_directory(run: str) -> Path:
@@ -281,6 +310,36 @@ def _not_found(which: Which, infos: list[CheckpointInfo], directory: Path) -> st
         return f"no checkpoint of step {which} in {directory} (steps saved: {steps})"
     tags = ", ".join(sorted({info.tag for info in infos if info.tag})) or "none"
     return f"no checkpoint tagged or named {which!r} in {directory} (tags: {tags})"
+
+
+_SERIALIZE_LOCK = threading.Lock()
+
+
+def _serialize(torch: Any, payload: dict[str, Any], file: Any) -> None:
+    """torch.save without torch's own per-record CRC-32: the manifest's checksum covers it.
+
+    The switch is process-wide, so it is flipped under a lock and always put back.
+    """
+    options = torch.serialization
+    if not hasattr(options, "set_crc32_options"):
+        torch.save(payload, file)
+        return
+    with _SERIALIZE_LOCK:
+        previous = options.get_crc32_options()
+        options.set_crc32_options(False)
+        try:
+            torch.save(payload, file)
+        finally:
+            options.set_crc32_options(previous)
+
+
+def _load_or_failure(info: CheckpointInfo,
+                     map_location: Any) -> tuple[dict[str, Any], Exception | None]:
+    """A safe load's payload, or the exception it raised (a damaged file raises too)."""
+    try:
+        return _torch_load(info, map_location, unsafe=False), None
+    except Exception as error:
+        return {}, error
 
 
 def _torch_load(info: CheckpointInfo, map_location: Any, unsafe: bool) -> dict[str, Any]:
