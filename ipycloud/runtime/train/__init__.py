@@ -1,0 +1,1 @@
+"""Training inside the kernel: fit, data loaders, device and precision choice, launch."""

@@ -1,0 +1,74 @@
+"""What ``fit`` returns: the metrics of every logged step and every epoch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipycloud.runtime.tables import aligned_lines, html_table
+
+
+@dataclass
+class History:
+    """Per-step and per-epoch metrics of a training run, plot-ready.
+
+    ``steps`` has one row per logged optimizer step (step, epoch, loss, lr); ``epochs`` one
+    row per finished epoch (epoch, steps, train_loss, validation metrics, seconds).
+    ``table("epochs")`` gives the rows as columns, ready for a plotting library.
+    """
+
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    device: str = ""
+    precision: str = ""
+
+    def table(self, which: str = "epochs") -> dict[str, list[Any]]:
+        """Column name -> values, for ``"epochs"`` or ``"steps"``."""
+        rows = self.epochs if which == "epochs" else self.steps
+        columns: dict[str, list[Any]] = {}
+        for row in rows:
+            for key in row:
+                columns.setdefault(key, [])
+        for row in rows:
+            for key, values in columns.items():
+                values.append(row.get(key))
+        return columns
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain data for a checkpoint, so a resumed run returns the whole history."""
+        return {"steps": self.steps, "epochs": self.epochs}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.steps = list(state.get("steps", []))
+        self.epochs = list(state.get("epochs", []))
+
+    def _epoch_table(self) -> tuple[list[str], list[list[str]]]:
+        columns = self.table("epochs")
+        headers = list(columns)
+        rows = [[_cell(values[index]) for values in columns.values()]
+                for index in range(len(self.epochs))]
+        return headers, rows
+
+    def summary(self) -> str:
+        last = self.steps[-1] if self.steps else {}
+        return (f"History: {len(self.epochs)} epoch(s), {last.get('step', 0)} step(s) on "
+                f"{self.device or 'n/a'} in {self.precision or 'n/a'}")
+
+    def __str__(self) -> str:
+        headers, rows = self._epoch_table()
+        return "\n".join([self.summary(), *(aligned_lines(headers, rows) if rows else [])])
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        headers, rows = self._epoch_table()
+        return f"<p>{self.summary()}</p>" + (html_table((headers, rows)) if rows else "")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

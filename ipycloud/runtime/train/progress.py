@@ -1,0 +1,37 @@
+"""Progress of a training run: a tqdm.auto bar (a widget in notebooks, text in terminals)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Progress:
+    """A progress bar over optimizer steps, or silence when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool, total: int | None, initial: int) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def say(self, line: str) -> None:
+        """A line of text above the bar (or printed, without one)."""
+        if self._bar is not None:
+            self._bar.write(line)
+
+    def advance(self, steps: int, **postfix: Any) -> None:
+        if self._bar is None:
+            return
+        if postfix:
+            self._bar.set_postfix({key: _short(value) for key, value in postfix.items()},
+                                  refresh=False)
+        self._bar.update(steps)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _short(value: Any) -> Any:
+    return f"{value:.4g}" if isinstance(value, float) else value
