@@ -116,8 +116,9 @@ class _Trainer:
         self.history = History(device=str(self.device), precision=plan.precision.name)
         self.position = _Position()
         self.xla = plan.choice.kind == "xla"
-        self._running: Any = None  # summed micro-batch losses since the last read, on device
+        self._losses: list[Any] = []  # micro-batch losses since the last read, on device
         self._unlogged_steps = 0
+        self._moves_batches = not self.xla and self.device.type != "cpu"
         self._skipped_in_a_row = 0  # fp16 steps skipped by the scaler
         self._reported_checkpoint: str | None = None  # the last one told to callbacks
 
@@ -171,8 +172,7 @@ class _Trainer:
         self.model.train()
         pending = 0
         for batch in batches:
-            loss = self._micro_step(batch).detach().float()
-            self._running = loss if self._running is None else self._running + loss
+            self._losses.append(self._micro_step(batch).detach())
             self.position.batch += 1
             pending += 1
             if pending == self.plan.grad_accum:
@@ -192,11 +192,11 @@ class _Trainer:
             self._log(bar)
 
     def _micro_step(self, batch: Any) -> Any:
-        inputs, targets = _split(_to_device(batch, self.device, self.xla))
+        inputs, targets = _split(_to_device(batch, self.device) if self._moves_batches else batch)
         with self.plan.precision.autocast(self.device):
             outputs = _call(self.model, inputs)
             loss = self._loss(outputs, targets, batch)
-        scaled = loss / self.plan.grad_accum
+        scaled = loss / self.plan.grad_accum if self.plan.grad_accum > 1 else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss
 
@@ -241,12 +241,14 @@ class _Trainer:
         return self.loss_rule.compute(outputs, targets)
 
     def _log(self, bar: Progress) -> None:
-        """Read the losses summed since the last read (one device sync) and report them."""
-        running, steps = self._running, self._unlogged_steps
-        if running is None or not steps:
+        """Read the losses gathered since the last read (one device sync) and report them."""
+        import torch
+
+        losses, steps = self._losses, self._unlogged_steps
+        if not losses or not steps:
             return
-        self._running, self._unlogged_steps = None, 0
-        mean = float(running.item()) / (steps * self.plan.grad_accum)
+        self._losses, self._unlogged_steps = [], 0
+        mean = float(torch.stack(losses).float().mean().item())
         if mean != mean or mean in (float("inf"), float("-inf")):
             first = self.position.step - steps + 1
             raise NonFiniteLossError(
@@ -287,7 +289,8 @@ class _Trainer:
         total, correct, count, batches = None, 0, 0, 0
         with torch.no_grad():
             for batch in val_data:
-                inputs, targets = _split(_to_device(batch, self.device, self.xla))
+                inputs, targets = _split(_to_device(batch, self.device) if self._moves_batches
+                                         else batch)
                 with self.plan.precision.autocast(self.device):
                     outputs = _call(self.model, inputs)
                     loss = self._loss(outputs, targets, batch).detach().float()
@@ -458,18 +461,16 @@ def _call(model: Any, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(inputs)
 
 
-def _to_device(batch: Any, device: Any, xla: bool) -> Any:
-    """Move every tensor of a batch to ``device`` (XLA batches arrive there already)."""
+def _to_device(batch: Any, device: Any) -> Any:
+    """Move every tensor of a batch to ``device``."""
     import torch
 
-    if xla:
-        return batch
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
-        return {key: _to_device(value, device, xla) for key, value in batch.items()}
+        return {key: _to_device(value, device) for key, value in batch.items()}
     if isinstance(batch, list | tuple):
-        return type(batch)(_to_device(value, device, xla) for value in batch)
+        return type(batch)(_to_device(value, device) for value in batch)
     return batch
 
 
