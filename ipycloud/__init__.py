@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 _LAZY_ATTRIBUTES = {
     "environment_report": "ipycloud.runtime.report",
     "detect_platform": "ipycloud.runtime.platform",
+    "CheckpointManager": "ipycloud.runtime.checkpoint",
+    "fit": "ipycloud.runtime.train.loop",
+    "History": "ipycloud.runtime.train.history",
+    "loader": "ipycloud.runtime.train.data",
+    "launch": "ipycloud.runtime.train.distributed",
 }
 
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]

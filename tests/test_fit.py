@@ -18,8 +18,6 @@ from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.train.data import loader
 from ipycloud.runtime.train.loop import NonFiniteLossError, fit
 
-FIT_SCRIPT = Path(__file__).with_name("fit_training.py")
-
 
 def classification_data(samples: int = 256, features: int = 8, seed: int = 0) -> TensorDataset:
     generator = torch.Generator().manual_seed(seed)
@@ -216,8 +214,9 @@ def test_a_killed_run_resumes_bit_for_bit_in_a_fresh_process(tmp_path: Path) -> 
     torch.save(data, tmp_path / "data.pt")
 
     def script(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(FIT_SCRIPT), str(tmp_path / "data.pt"),
-                               *args], capture_output=True, text=True, timeout=300)
+        return subprocess.run([sys.executable, "-m", "ipycloud.demo_training",
+                               str(tmp_path / "data.pt"), *args, "--precision", "bf16",
+                               "--device", "cpu"], capture_output=True, text=True, timeout=300)
 
     whole = script(str(tmp_path / "whole"), str(tmp_path / "whole.pt"))
     assert whole.returncode == 0, whole.stderr

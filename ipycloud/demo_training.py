@@ -1,9 +1,11 @@
-"""A training run through ``ipycloud.fit``, as a script: run, killed, rerun, compared.
+"""The training run of ``ipycloud demo``, as a script: run, killed, rerun, compared.
 
-    python fit_training.py DATA CHECKPOINTS OUT [--kill-after-checkpoint N] [--steps S]
+    python -m ipycloud.demo_training DATA CHECKPOINTS OUT [--kill-after-checkpoint N]
+                                     [--steps S] [--precision P] [--device D]
 
-It trains a small MLP with dropout on the dataset in DATA (made by the test), shuffled,
-with AdamW, a scheduler, bf16 autocast and gradient accumulation, checkpointing every 7
+It trains a small MLP with dropout on the dataset in DATA (synthetic, made by the
+caller), shuffled, with AdamW, a scheduler, mixed precision and gradient accumulation,
+on the best local device, checkpointing every 7
 steps into CHECKPOINTS (in the background). With --kill-after-checkpoint it SIGKILLs itself
 once its N-th checkpoint is written, usually while the next one is being written: the
 harshest way a kernel dies. Run again, it resumes from what survived. At the end it writes
@@ -43,6 +45,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("out")
     parser.add_argument("--kill-after-checkpoint", type=int)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--progress", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -55,9 +60,9 @@ def main(argv: list[str]) -> None:
     callbacks = ([KillAfterCheckpoint(args.kill_after_checkpoint)]
                  if args.kill_after_checkpoint else [])
     history = fit(model, optimizer, DataLoader(dataset, batch_size=8, shuffle=True),
-                  max_steps=args.steps, scheduler=scheduler, precision="bf16", grad_accum=2,
-                  device="cpu", checkpoint=args.checkpoints, checkpoint_every=7,
-                  callbacks=callbacks, progress=False)
+                  max_steps=args.steps, scheduler=scheduler, precision=args.precision,
+                  grad_accum=2, device=args.device, checkpoint=args.checkpoints,
+                  checkpoint_every=7, callbacks=callbacks, progress=args.progress)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "steps": [row["step"] for row in history.steps]}, args.out)
 
