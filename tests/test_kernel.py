@@ -57,6 +57,9 @@ EXPECTED_OUTPUT = {
     "01-quickstart.ipynb": ["persistent folder:", "RAM this kernel may use"],
     "02-checkpoints.ipynb": ["weights equal to step 50: True", "every weight equals it: True",
                              "resume at step 5 from batch 25", "auto checkpoint of model"],
+    "03-training.ipynb": ["ipycloud.fit: starting on cpu", "resuming from step-000000040 ",
+                          "resumed run equals the uninterrupted one: True",
+                          "both processes hold the same weights: True"],
 }
 
 

@@ -132,8 +132,9 @@ class _Trainer:
         per_epoch = data.batches_per_epoch()
         if per_epoch == 0:
             raise ValueError("train_data is empty: it gave no batch")
-        bar = Progress(progress and self.main, self._total_steps(per_epoch), self.position.step)
+        bar = Progress(progress and self.main)
         bar.say(self._first_line(resumed))
+        bar.start(self._total_steps(per_epoch), self.position.step)
         last_save, saved_steps = time.monotonic(), self.position.step
         try:
             while not self._finished():
@@ -148,8 +149,10 @@ class _Trainer:
                 else:
                     self._end_epoch(val_data, time.monotonic() - started, bar)
             self._log(bar)
-            if manager is not None:
+            if manager is not None and saved_steps != self.position.step:
                 self._save(manager, blocking=True)
+            elif manager is not None:  # the last step is saved already: let it finish
+                self._report_checkpoint(manager.wait())
         except BaseException:
             if manager is not None:  # let the last good checkpoint finish writing
                 with contextlib.suppress(Exception):
@@ -274,8 +277,9 @@ class _Trainer:
                 self.scheduler.step(logs["val_loss"])
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
-        bar.say("epoch " + ", ".join(f"{key} {value:.4g}" if isinstance(value, float)
-                                     else f"{key} {value}" for key, value in logs.items()))
+        bar.say(f"epoch {self.position.epoch}: " + ", ".join(
+            f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
+            for key, value in logs.items() if key != "epoch"))
         for callback in self.plan.callbacks:
             if hasattr(callback, "on_epoch_end"):
                 callback.on_epoch_end(self.position.epoch, dict(logs))

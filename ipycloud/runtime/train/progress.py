@@ -8,16 +8,24 @@ from typing import Any
 class Progress:
     """A progress bar over optimizer steps, or silence when ``enabled`` is False."""
 
-    def __init__(self, enabled: bool, total: int | None, initial: int) -> None:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
         self._bar: Any = None
-        if enabled:
+
+    def start(self, total: int | None, initial: int) -> None:
+        """Show the bar, ``initial`` of ``total`` steps already done."""
+        if self.enabled:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
     def say(self, line: str) -> None:
-        """A line of text above the bar (or printed, without one)."""
-        if self._bar is not None:
+        """A line of text, above the bar once it is shown."""
+        if not self.enabled:
+            return
+        if self._bar is None:
+            print(line, flush=True)
+        else:
             self._bar.write(line)
 
     def advance(self, steps: int, **postfix: Any) -> None:
