@@ -53,6 +53,7 @@ _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 _POLL_S = 0.5  # the longest the notebook sleeps before looking at its workers again
 _EXIT_GRACE_S = 10.0  # time a worker that has reported gets to exit by itself
 _KILL_GRACE_S = 3.0  # time a terminated worker gets before SIGKILL, and after it
+_SETTLE_S = 1.0  # how long a reported failure waits for silent ranks to show they died
 _CUDA_INITIALISED = (
     "CUDA is already initialised in this kernel, so forked workers cannot use it: restart "
     "the kernel and call launch() before anything touches CUDA (typically .cuda(), "
@@ -428,24 +429,56 @@ def _error_payload(error: BaseException) -> bytes:
 
 
 def _collect(workers: list[_Worker], nprocs: int) -> list[Any]:
-    """Every rank's return value, or LaunchError for the first rank that failed."""
+    """Every rank's return value, or LaunchError for the rank that failed first."""
     results: dict[int, Any] = {}
     while len(results) < nprocs:
         pending = [worker for worker in workers if worker.rank not in results]
-        connection.wait([worker.reader for worker in pending]
-                        + [worker.process.sentinel for worker in pending], timeout=_POLL_S)
-        failures: list[_Failure] = []
-        for worker in pending:
-            outcome = _outcome(worker)
-            if isinstance(outcome, _Failure):
-                failures.append(outcome)
-            elif outcome is not None:
-                results[worker.rank] = outcome[0]
+        _wait_for_any(pending, _POLL_S)
+        failures = _gather(pending, results)
         if failures:
+            if all(failure.reported for failure in failures):
+                done = results.keys() | {failure.rank for failure in failures}
+                failures += _late_deaths([w for w in pending if w.rank not in done])
             failure = _root_cause(failures)
             remote = RemoteTraceback(failure.traceback) if failure.traceback else None
             raise _launch_error(failure, nprocs) from remote
     return [results[rank] for rank in range(nprocs)]
+
+
+def _wait_for_any(workers: list[_Worker], timeout: float) -> None:
+    """Sleep until a worker reports or exits, or ``timeout`` seconds pass."""
+    connection.wait([worker.reader for worker in workers]
+                    + [worker.process.sentinel for worker in workers], timeout=timeout)
+
+
+def _gather(workers: list[_Worker], results: dict[int, Any]) -> list[_Failure]:
+    """Store the values of ranks that returned; the failures of the ranks that failed."""
+    failures: list[_Failure] = []
+    for worker in workers:
+        outcome = _outcome(worker)
+        if isinstance(outcome, _Failure):
+            failures.append(outcome)
+        elif outcome is not None:
+            results[worker.rank] = outcome[0]
+    return failures
+
+
+def _late_deaths(workers: list[_Worker]) -> list[_Failure]:
+    """The failures of still-silent ranks that show within _SETTLE_S seconds.
+
+    A rank killed mid-collective closes its sockets while it exits; a peer can fail on them
+    and report before the exit is visible here, so a reported error is not blamed until the
+    silent ranks have had a moment to show that they died.
+    """
+    deadline = time.monotonic() + _SETTLE_S
+    failures: list[_Failure] = []
+    results: dict[int, Any] = {}
+    while workers and time.monotonic() < deadline:
+        _wait_for_any(workers, deadline - time.monotonic())
+        failures += _gather(workers, results)
+        done = results.keys() | {failure.rank for failure in failures}
+        workers = [worker for worker in workers if worker.rank not in done]
+    return failures
 
 
 def _outcome(worker: _Worker) -> tuple[Any] | _Failure | None:
@@ -454,7 +487,6 @@ def _outcome(worker: _Worker) -> tuple[Any] | _Failure | None:
         try:
             message = pickle.loads(worker.reader.recv_bytes())
         except EOFError:  # it closed its end without reporting: it is exiting
-            worker.process.join(_KILL_GRACE_S)
             return _death(worker)
         except Exception as error:
             summary = f"its return value cannot be unpickled: {type(error).__name__}: {error}"
@@ -463,12 +495,15 @@ def _outcome(worker: _Worker) -> tuple[Any] | _Failure | None:
             return (message[1],)
         _, summary, text, when = message
         return _Failure(worker.rank, summary, True, when, traceback=text)
-    if not worker.process.is_alive():
+    # The sentinel is ready as soon as the process starts to exit, while its sockets close:
+    # before a peer can fail on them and report it, which waitpid (is_alive) is not.
+    if connection.wait([worker.process.sentinel], timeout=0):
         return _death(worker)
     return None
 
 
 def _death(worker: _Worker) -> _Failure:
+    worker.process.join(_KILL_GRACE_S)  # reap it for its exit status
     code = worker.process.exitcode
     if code is None:
         how = "closed its result pipe and is still running"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,7 +106,7 @@ class _Trainer:
 
         self.plan, self.seed = plan, seed
         self.device = plan.choice.device
-        self.raw_model = model.to(self.device)
+        self.raw_model = _move(model, optimizer, self.device)
         self.dist = distributed.distributed_info()
         self.main = distributed.is_main_process()
         self.model = distributed.wrap_for_distributed(self.raw_model, self.device)
@@ -167,11 +168,7 @@ class _Trainer:
 
         Micro-batches left over at the end of the epoch make one last, smaller step.
         """
-        batches: Iterable[Any] = data.epoch(self.position.epoch, self.position.batch)
-        if self.xla:
-            from ipycloud.runtime.train import xla
-
-            batches = xla.device_loader(batches, self.device)
+        batches = self._on_device(data.epoch(self.position.epoch, self.position.batch))
         self.model.train()
         pending = 0
         for batch in batches:
@@ -194,8 +191,18 @@ class _Trainer:
         if self._unlogged_steps == LOG_EVERY:
             self._log(bar)
 
+    def _on_device(self, batches: Iterable[Any]) -> Iterable[Any]:
+        """The batches on the training device: through torch_xla's loader on XLA."""
+        if self.xla:
+            from ipycloud.runtime.train import xla
+
+            return xla.device_loader(batches, self.device)
+        if self._moves_batches:
+            return (_to_device(batch, self.device) for batch in batches)
+        return batches
+
     def _micro_step(self, batch: Any) -> Any:
-        inputs, targets = _split(_to_device(batch, self.device) if self._moves_batches else batch)
+        inputs, targets = _split(batch)
         with self.plan.precision.autocast(self.device):
             outputs = _call(self.model, inputs)
             loss = self._loss(outputs, targets, batch)
@@ -292,9 +299,8 @@ class _Trainer:
         self.model.eval()
         total, correct, count, batches = None, 0, 0, 0
         with torch.no_grad():
-            for batch in val_data:
-                inputs, targets = _split(_to_device(batch, self.device) if self._moves_batches
-                                         else batch)
+            for batch in self._on_device(val_data):
+                inputs, targets = _split(batch)
                 with self.plan.precision.autocast(self.device):
                     outputs = _call(self.model, inputs)
                     loss = self._loss(outputs, targets, batch).detach().float()
@@ -403,6 +409,26 @@ class _OnCpu:
 
     def load_state_dict(self, state: Any) -> Any:
         return self._obj.load_state_dict(state)
+
+
+def _move(model: Any, optimizer: Any, device: Any) -> Any:
+    """Move ``model`` to ``device`` and point ``optimizer`` at the moved parameters.
+
+    Moving to an XLA device makes new Parameter objects (CUDA and MPS keep the same ones),
+    and an optimizer left holding the old ones would train a copy nobody uses.
+    """
+    before = list(model.parameters())
+    model = model.to(device)
+    moved = {id(old): new for old, new in zip(before, model.parameters(), strict=True)
+             if old is not new}
+    if moved:
+        for group in optimizer.param_groups:
+            group["params"] = [moved.get(id(param), param) for param in group["params"]]
+        optimizer.state = defaultdict(dict, {
+            moved.get(id(param), param): {key: value.to(device) if hasattr(value, "to")
+                                          else value for key, value in state.items()}
+            for param, state in optimizer.state.items()})
+    return model
 
 
 def _check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
