@@ -1,18 +1,21 @@
 """XLA (torch_xla) for the training loop: small wrappers, each naming the torch_xla call.
 
 The loop imports nothing from torch_xla itself. On XLA, operations are traced lazily and run
-when the step is cut: by :func:`device_loader` before each batch, by :func:`step_barrier`,
-by :func:`to_cpu`, or by reading a value on the host (``.item()``, ``.cpu()``, ``print``).
-Reading the loss every step therefore costs a sync each step: sum it on the device and
-call ``.item()`` once per progress interval.
+when the step is cut (``torch_xla.sync()``): by :func:`device_loader` between batches, by
+:func:`to_cpu` or by :func:`step_barrier`. Reading a value on the host (``.item()``,
+``.cpu()``, ``print``) runs the graph that value needs at once and waits for it: sum the loss
+on the device and read it once per progress interval, not every step.
 
 Precision on XLA is bfloat16 (``torch.autocast("xla", dtype=torch.bfloat16)``) or float32.
 There is no float16 + GradScaler path: TPUs compute in bfloat16, which needs no scaling.
 
 The XLA random generator's state is one integer (``xm.get_rng_state()``), saved with the
-other generators by ``ipycloud.runtime.checkpoint.rng``. Every cut advances it by a fixed
-map, however many draws the step made, and draws still pending are not in it: capture it
-after a cut (:func:`to_cpu` makes one), and resume with the same cuts to get the same draws.
+other generators by ``ipycloud.runtime.checkpoint.rng``. Every cut advances it by a fixed map,
+however many draws the step made, and draws still pending are not in it. So the cuts made here
+follow one rule: one cut between two batches of a pass, made by whichever of the device loader
+and :func:`to_cpu` comes first; one more at the end of a pass; none before its first batch.
+A checkpoint (:func:`to_cpu`, then the RNG states) then neither changes the run's draws nor
+captures a pending state, and a run resumed from it draws what the uninterrupted run draws.
 """
 
 from __future__ import annotations
@@ -55,14 +58,21 @@ def device_loader(loader: Iterable[Any], device: torch.device) -> Iterable[Any]:
     """Batches of ``loader`` moved to ``device`` ahead of use by background threads:
     ``torch_xla.distributed.parallel_loader.ParallelLoader``, as ``MpDeviceLoader`` does.
 
-    Each ``next()`` first cuts the step (``torch_xla.sync()``), so a loop fed by it needs no
-    :func:`step_barrier` of its own. Unlike ``MpDeviceLoader``, an error raised by
+    Before each batch after the first it cuts the step (``torch_xla.sync()``) unless
+    :func:`to_cpu` or :func:`step_barrier` already did, and it cuts at the end of the pass: a
+    loop fed by it needs no cut of its own. Unlike ``MpDeviceLoader``, an error raised by
     ``loader`` is raised here, after the batches before it (torch_xla only prints it from
     its thread and ends the pass early), and a pass left early stops its threads.
     Each iteration is a new pass over ``loader``; ``len()`` is ``len(loader)``.
     """
     require("torch_xla", "xla")
     return _DeviceBatches(loader, device)
+
+
+class _Cuts:
+    """Whether a batch went out since the last cut: one process has one XLA device state."""
+
+    pending = False
 
 
 class _DeviceBatches:
@@ -76,13 +86,27 @@ class _DeviceBatches:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
+        from torch_xla.debug import profiler
         from torch_xla.distributed.parallel_loader import ParallelLoader
 
         source = _ErrorKeeping(self._loader)
         parallel = ParallelLoader(source, [self._device])
+        batches = parallel.per_device_loader(self._device)
+        first = True
         try:
-            yield from parallel.per_device_loader(self._device)
+            while True:
+                # The loader cuts before every batch unless this flag says the step is cut.
+                profiler.set_tracer_marked_step(first or not _Cuts.pending)
+                first = False
+                try:
+                    batch = next(batches)
+                except StopIteration:  # after the loader's unconditional end-of-pass cut
+                    _Cuts.pending = False
+                    break
+                _Cuts.pending = True
+                yield batch
         finally:
+            profiler.set_tracer_marked_step(False)  # unused if an interrupt came before next()
             parallel.close()  # joins the threads; at once when the pass ran to its end
         if source.error is not None:
             raise source.error
@@ -120,6 +144,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: Any = None) -> None
 def step_barrier() -> None:
     """Cut the traced graph and launch it: ``torch_xla.sync()`` (formerly ``xm.mark_step``)."""
     require("torch_xla", "xla").sync()
+    _Cuts.pending = False
 
 
 def autocast(dtype: torch.dtype) -> AbstractContextManager[Any]:
@@ -138,16 +163,33 @@ def autocast(dtype: torch.dtype) -> AbstractContextManager[Any]:
 
 
 def to_cpu(tree: Any) -> Any:
-    """``tree`` (nested dicts, lists, tuples) with every XLA tensor copied to the CPU.
+    """``tree`` (nested dicts, lists, tuples) with every tensor replaced by a copy on the CPU.
 
     For checkpoints: ``torch.save`` keeps XLA tensors on XLA, so loading them would need
-    torch_xla. Pending work is run first (``torch_xla.sync(wait=True)``, which cuts the
-    step) so each copy is a plain transfer. Other leaves are returned as they are;
-    containers come back as plain dict, list and tuple.
+    torch_xla, and a tensor already on the CPU (an optimizer's step count) is copied too,
+    since training goes on changing it. When a batch went out since the last cut, the step
+    is cut first (``torch_xla.sync(wait=True)``), in place of the device loader's next cut,
+    so the copies are plain transfers. Other leaves are returned as they are; containers
+    come back as plain dict, list and tuple.
     """
-    if _has_xla_tensor(tree):
-        pass
-    return _map_xla_tensors(tree)
+    import torch
+
+    if _Cuts.pending and _has_xla_tensor(tree):
+        require("torch_xla", "xla").sync(wait=True)
+        _Cuts.pending = False
+
+    def copy(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: copy(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [copy(value) for value in node]
+        if isinstance(node, tuple):
+            return tuple(copy(value) for value in node)
+        if isinstance(node, torch.Tensor):
+            return node.detach().to("cpu", copy=True)
+        return node
+
+    return copy(tree)
 
 
 def _has_xla_tensor(tree: Any) -> bool:
@@ -156,16 +198,6 @@ def _has_xla_tensor(tree: Any) -> bool:
     if isinstance(tree, list | tuple):
         return any(_has_xla_tensor(value) for value in tree)
     return _is_xla_tensor(tree)
-
-
-def _map_xla_tensors(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {key: _map_xla_tensors(value) for key, value in tree.items()}
-    if isinstance(tree, list):
-        return [_map_xla_tensors(value) for value in tree]
-    if isinstance(tree, tuple):
-        return tuple(_map_xla_tensors(value) for value in tree)
-    return tree.cpu() if _is_xla_tensor(tree) else tree
 
 
 def _is_xla_tensor(value: Any) -> bool:
