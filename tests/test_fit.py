@@ -284,6 +284,7 @@ def test_the_loader_fits_this_machine() -> None:
         ({"optimizer": None}, TypeError, "optimizer must be a torch.optim.Optimizer"),
         ({"train_data": 5}, TypeError, "train_data must be a DataLoader or an iterable"),
         ({"train_data": []}, ValueError, "train_data is empty"),
+        ({"train_data": iter(())}, ValueError, "train_data is empty"),
         ({"epochs": 2, "max_steps": 10}, ValueError, "give epochs or max_steps, not both"),
         ({"epochs": 0}, ValueError, "epochs must be a positive integer"),
         ({"grad_accum": 1.5}, ValueError, "grad_accum must be a positive integer"),

@@ -170,8 +170,9 @@ class _Trainer:
         """
         batches = self._on_device(data.epoch(self.position.epoch, self.position.batch))
         self.model.train()
-        pending = 0
+        pending, seen = 0, 0
         for batch in batches:
+            seen += 1
             self._losses.append(self._micro_step(batch).detach())
             self.position.batch += 1
             pending += 1
@@ -182,6 +183,10 @@ class _Trainer:
         if pending:
             self._finish_step(bar)
             yield
+        if not seen and not self.position.batch:
+            raise ValueError("train_data is empty: it gave no batch" + (
+                f" in epoch {self.position.epoch} (an iterator can be read only once: pass a "
+                "DataLoader or a list)" if self.position.epoch else ""))
         self._log(bar)
 
     def _finish_step(self, bar: Progress) -> None:
@@ -329,7 +334,7 @@ class _Trainer:
             return self.plan.max_steps
         if per_epoch is None or self.plan.epochs is None:
             return None
-        return self.plan.epochs * (per_epoch // self.plan.grad_accum)
+        return self.plan.epochs * -(-per_epoch // self.plan.grad_accum)  # a last, short step
 
     def _checkpoint_due(self, last_save: float, saved_steps: int) -> bool:
         if self.plan.checkpoint_every_steps is not None:
