@@ -1,0 +1,1 @@
+"""Storage: persistent folders, verified downloads, safe extraction, incremental sync."""

@@ -1,0 +1,172 @@
+"""The persistent project folder of this platform, mounted when it needs mounting.
+
+``mount()`` finds (on Colab: mounts) the storage that outlives the session and creates
+a project folder in it with ``data/ models/ checkpoints/ logs/ outputs/``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ipycloud.runtime.platform import Platform, detect_platform
+
+PROJECT_FOLDERS = ("data", "models", "checkpoints", "logs", "outputs")
+KINDS = ("auto", "drive", "kaggle", "local")
+DEFAULT_PROJECT = "default"
+
+
+class MountError(Exception):
+    """The persistent storage could not be mounted; the message says what to do."""
+
+
+class StorageWarning(UserWarning):
+    """Nothing written here outlives the session."""
+
+
+@dataclass(frozen=True)
+class MountResult:
+    """Where the project lives, and whether it survives the session."""
+
+    kind: str  # "drive", "kaggle" or "local"
+    project: Path
+    persistent: bool
+    inputs: tuple[tuple[str, int], ...] = ()  # Kaggle: attached inputs and their sizes
+
+    def summary(self) -> str:
+        lasting = "kept after the session" if self.persistent else "LOST when the session ends"
+        text = f"project folder {self.project} ({self.kind}, {lasting})"
+        if self.inputs:
+            from ipycloud.runtime.units import format_bytes
+
+            listed = ", ".join(f"{name} ({format_bytes(size)})" for name, size in self.inputs)
+            text += f"; inputs: {listed}"
+        return text
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.summary())
+
+
+def mount(kind: str = "auto", *, project: str | None = None, force: bool = False,
+          root: str | os.PathLike[str] | None = None, timeout_s: float = 120,
+          platform: Platform | None = None) -> MountResult:
+    """Mount or find the persistent storage and create the project folder in it.
+
+    ``kind="auto"`` follows the platform: ``/content/drive/MyDrive/<project>`` on Colab
+    (Drive is mounted first), ``/kaggle/working/<project>`` on Kaggle, and
+    ``<root>/<project>`` elsewhere, ``root`` defaulting to ``ipycloud`` in the platform's
+    persistent folder (``/storage`` on Paperspace, the home folder on Studio Lab and local
+    machines). ``force`` remounts Drive, which mends a stale mount. ``platform`` defaults
+    to the detected one.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown storage kind {kind!r}: use one of {', '.join(KINDS)}")
+    name = _project_name(project)
+    platform = detect_platform() if platform is None else platform
+    chosen = {"colab": "drive", "kaggle": "kaggle"}.get(platform.key, "local")
+    if kind != "auto" and kind != chosen and kind != "local":
+        raise MountError(f"{kind} storage is not available on {platform.name}: use "
+                         f"kind='auto' or 'local'")
+    kind = chosen if kind == "auto" else kind
+    folder = _storage_root(kind, platform, root, force, timeout_s)
+    result = MountResult(kind, _make_project(folder / name),
+                         platform.persistent_dir is not None,
+                         _kaggle_inputs(folder) if kind == "kaggle" else ())
+    if not result.persistent:
+        warnings.warn(f"nothing persists on {platform.name}: {result.project} is lost when "
+                      "the session ends; download what you need", StorageWarning, stacklevel=2)
+    return result
+
+
+def _storage_root(kind: str, platform: Platform, root: str | os.PathLike[str] | None,
+                  force: bool, timeout_s: float) -> Path:
+    """The folder that holds project folders, for this kind of storage."""
+    if kind == "drive":
+        return _mount_drive(platform, force, timeout_s)
+    if kind == "kaggle":
+        return platform.persistent_dir or Path("/kaggle/working")
+    if root is not None:
+        return Path(root).expanduser()
+    return (platform.persistent_dir or platform.scratch_dir) / "ipycloud"
+
+
+def _project_name(project: str | None) -> str:
+    name = DEFAULT_PROJECT if project is None else project
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"invalid project name {name!r}: use a plain folder name")
+    return name
+
+
+def _make_project(project: Path) -> Path:
+    try:
+        for folder in PROJECT_FOLDERS:
+            (project / folder).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise MountError(f"cannot create the project folder {project}: "
+                         f"{error.strerror or error}") from error
+    return project
+
+
+def _mount_drive(platform: Platform, force: bool, timeout_s: float) -> Path:
+    """Mount Google Drive at the platform's mount point; reuse a healthy mount."""
+    my_drive = platform.persistent_dir or Path("/content/drive/MyDrive")
+    mount_point = my_drive.parent
+    state = _drive_state(my_drive)
+    if state == "healthy" and not force:
+        return my_drive
+    if state == "stale" and not force:
+        raise MountError(f"the Drive mount at {mount_point} is stale (transport endpoint is "
+                         "not connected): mount again with force=True")
+    try:
+        from google.colab import drive
+    except ImportError:
+        raise MountError("Google Drive can only be mounted from a Colab notebook: use "
+                         "kind='local' elsewhere") from None
+    try:
+        drive.mount(str(mount_point), force_remount=force or state == "stale",
+                    timeout_ms=int(timeout_s * 1000))
+    except Exception as error:  # Colab raises ValueError or TimeoutError with its reason
+        raise MountError(f"mounting Drive at {mount_point} failed ({_one_line(error)}): run "
+                         "the cell again and accept the authorisation, or use "
+                         "force=True") from error
+    if _drive_state(my_drive) != "healthy":
+        raise MountError(f"Drive was mounted but {my_drive} is not readable: try force=True")
+    return my_drive
+
+
+def _drive_state(my_drive: Path) -> str:
+    """"healthy", "stale" (FUSE lost its connection) or "absent"."""
+    try:
+        os.listdir(my_drive)
+    except FileNotFoundError:
+        return "absent"
+    except OSError as error:
+        if error.errno == errno.ENOTCONN:
+            return "stale"
+        return "absent"
+    return "healthy"
+
+
+def _kaggle_inputs(working: Path) -> tuple[tuple[str, int], ...]:
+    """The datasets attached under ``input`` beside ``working``, with their sizes."""
+    inputs = working.parent / "input"
+    if not inputs.is_dir():
+        return ()
+    return tuple((entry.name, _tree_size(entry)) for entry in sorted(inputs.iterdir()))
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__

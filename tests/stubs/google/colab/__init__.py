@@ -1,0 +1,1 @@
+"""A stand-in for Colab's ``google.colab`` package, which only exists inside Colab."""
