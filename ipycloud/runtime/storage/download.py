@@ -1,0 +1,438 @@
+"""Verified, resumable HTTP(S) download into a folder, with an atomic final rename.
+
+The bytes land in ``<name>.part`` next to the final file; an interrupted download leaves
+that part behind and the next call resumes it with a ``Range`` request. Only a part that
+passed the size and checksum checks is fsynced and renamed to its final name.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import http.client
+import os
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+CHUNK = 1 << 16
+_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class DownloadResult:
+    """What ``download`` produced: the final file, its size and sha256.
+
+    ``resumed_from`` is the byte offset the final, successful request started at (0 for a
+    full transfer); ``skipped`` is True when a valid file was already there.
+    """
+
+    path: Path
+    size: int
+    sha256: str
+    resumed_from: int
+    skipped: bool
+
+
+class DownloadError(Exception):
+    """A download that could not complete or verify; the message is one line."""
+
+
+class _Transient(Exception):
+    """A failure worth retrying (dropped connection, timeout, 5xx)."""
+
+
+@dataclass(frozen=True)
+class _Url:
+    """A validated URL: what to request, what may be shown, and the credentials it held."""
+
+    request: str
+    shown: str
+    name: str | None
+    auth: str | None
+    secrets: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Expect:
+    """What the caller told us the file must be."""
+
+    sha256: str | None
+    md5: str | None
+    size: int | None
+
+    @property
+    def anything(self) -> bool:
+        """Whether there is anything to verify an existing file against."""
+        return self.sha256 is not None or self.md5 is not None or self.size is not None
+
+
+def _write_chunk(fh: BinaryIO, data: bytes) -> None:
+    """Append one chunk to the part file (a seam for tests)."""
+    fh.write(data)
+
+
+def _check_name(name: str) -> str:
+    """Return ``name`` if it is a plain file name; raise ValueError otherwise."""
+    bad = {"/", "\\", "\0", os.sep, os.altsep or "/"}
+    if not name or name in {".", ".."} or any(c in name for c in bad):
+        raise ValueError(f"unsafe file name {name!r}: give a plain name without folders or '..'")
+    return name
+
+
+def _name_or_none(name: str) -> str | None:
+    """``name`` when it is a safe file name, else None."""
+    try:
+        return _check_name(name)
+    except ValueError:
+        return None
+
+
+def _parse_url(url: str) -> _Url:
+    """Validate an http(s) URL and split out its credentials; ValueError when malformed."""
+    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 for c in url):
+        raise ValueError("malformed URL: it must be a string without spaces or control chars")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ValueError(f"malformed URL: {str(exc).splitlines()[0]}") from None
+    if parts.scheme.lower() not in {"http", "https"} or not host:
+        raise ValueError("malformed URL: need http:// or https:// and a host")
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{port}" if port is not None else ""
+    path = parts.path or "/"
+    shown = urllib.parse.urlunsplit((parts.scheme.lower(), netloc, path, "", ""))
+    request = urllib.parse.urlunsplit((parts.scheme.lower(), netloc, path, parts.query, ""))
+    return _Url(request, shown, _url_name(path), _basic_auth(parts), _secrets(parts))
+
+
+def _url_name(path: str) -> str | None:
+    """The URL path's last part, percent-decoded, when it is a safe file name."""
+    return _name_or_none(urllib.parse.unquote(PurePosixPath(path).name))
+
+
+def _basic_auth(parts: urllib.parse.SplitResult) -> str | None:
+    """A Basic Authorization value for ``user:password@`` in the URL, or None."""
+    if parts.username is None:
+        return None
+    user = urllib.parse.unquote(parts.username)
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return f"Basic {token}"
+
+
+def _secrets(parts: urllib.parse.SplitResult) -> tuple[str, ...]:
+    """Strings that must never appear in a message: userinfo and query."""
+    found = [parts.username, parts.password, parts.query, parts.fragment]
+    return tuple(s for s in found if s)
+
+
+def _normalise_digest(value: str | None, length: int, kind: str) -> str | None:
+    """A lower-case hex digest, or ValueError when it is not one."""
+    if value is None:
+        return None
+    digest = value.strip().lower()
+    if len(digest) != length or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError(f"{kind} must be {length} hex digits")
+    return digest
+
+
+def _hash_file(path: Path, md5: bool) -> dict[str, str]:
+    """sha256 (and md5 when asked) of a file's bytes."""
+    hashers = {"sha256": hashlib.sha256()}
+    if md5:
+        hashers["md5"] = hashlib.md5(usedforsecurity=False)
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            for h in hashers.values():
+                h.update(block)
+    return {k: h.hexdigest() for k, h in hashers.items()}
+
+
+def _mismatch(digests: Mapping[str, str], expect: _Expect) -> str | None:
+    """A description of the first checksum that differs, or None when all match."""
+    for kind, want in (("sha256", expect.sha256), ("md5", expect.md5)):
+        if want is not None and digests.get(kind) != want:
+            return f"{kind} expected {want}, got {digests.get(kind)}"
+    return None
+
+
+def _existing(path: Path, expect: _Expect) -> DownloadResult | None:
+    """A skipped result when ``path`` already holds the expected file, else None."""
+    if not expect.anything or not path.is_file():
+        return None
+    size = path.stat().st_size
+    if expect.size is not None and size != expect.size:
+        return None
+    digests = _hash_file(path, md5=expect.md5 is not None)
+    if _mismatch(digests, expect) is not None:
+        return None
+    return DownloadResult(path, size, digests["sha256"], 0, True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """fsync a folder so a rename in it survives a crash; tolerate filesystems that refuse."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    """An integer header value, or None when missing or not a number."""
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _content_range(value: str | None) -> tuple[int | None, int | None]:
+    """(start, total) from ``bytes a-b/total`` or ``bytes */total``; None where unknown."""
+    if not value or not value.strip().lower().startswith("bytes"):
+        return None, None
+    spec, _, total = value.strip()[5:].strip().partition("/")
+    start = _int_or_none(spec.split("-")[0]) if spec != "*" else None
+    return start, _int_or_none(total)
+
+
+class _Job:
+    """One download: the retry loop, the transfer and the final verification."""
+
+    def __init__(self, url: _Url, folder: Path, name: str | None, expect: _Expect,
+                 opts: dict[str, Any]) -> None:
+        self.url, self.folder, self.name, self.expect = url, folder, name, expect
+        self.progress: bool = opts["progress"]
+        self.retries: int = max(0, opts["retries"])
+        self.timeout: float = opts["timeout"]
+        self.headers: dict[str, str] = dict(opts["headers"] or {})
+        self.total: int | None = None
+
+    # -- paths and messages -------------------------------------------------------------
+    @property
+    def part(self) -> Path:
+        """The temporary file the bytes go to."""
+        return self.folder / f"{self.name}.part"
+
+    def part_size(self, name: str | None = None) -> int:
+        """Bytes already in the part file of ``name`` (default: ours); 0 when none."""
+        name = name or self.name
+        try:
+            return (self.folder / f"{name}.part").stat().st_size if name is not None else 0
+        except FileNotFoundError:
+            return 0
+
+    def scrub(self, text: str) -> str:
+        """One line of ``text`` with any credential or query string removed."""
+        line = " ".join(text.split())
+        for secret in self.url.secrets:
+            line = line.replace(secret, "***")
+        return line
+
+    def fail(self, text: str) -> DownloadError:
+        """A one-line DownloadError naming the (credential-free) URL."""
+        return DownloadError(self.scrub(f"{self.url.shown}: {text}"))
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self) -> DownloadResult:
+        """Attempt, retry with resume on transient failures, then verify and rename."""
+        failures = 0
+        while True:
+            try:
+                start = self.attempt()
+                break
+            except _Transient as exc:
+                failures += 1
+                if failures > self.retries:
+                    raise self.gave_up(str(exc), failures) from None
+                time.sleep(0.2 * failures)
+        return self.finish(start)
+
+    def gave_up(self, reason: str, attempts: int) -> DownloadError:
+        """The error after the last retry, saying what was fetched and how to resume."""
+        have = self.part_size()
+        total = self.expect.size or self.total
+        of = f" of {total}" if total is not None else ""
+        hint = "rerun to resume from the .part file" if have else "rerun to try again"
+        return self.fail(f"failed after {attempts} attempts ({reason}); "
+                         f"fetched {have}{of} bytes; {hint}")
+
+    def attempt(self) -> int:
+        """One request; returns the offset it started at once the part is complete."""
+        guess = self.name or self.url.name
+        offset = self.part_size(guess)
+        try:
+            resp = self.open(offset)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            self.name = self.name or (guess if exc.code == 416 else None)
+            return self.on_http_error(exc, offset)
+        with resp:
+            if self.name is None:
+                self.name = self.name_from(resp)
+                if self.name != guess and (offset or self.part_size()):
+                    resp.close()
+                    return self.attempt()
+            offset = self.accept(resp, offset)
+            self.check_space(offset)
+            self.stream(resp, offset)
+        return offset
+
+    def open(self, offset: int) -> http.client.HTTPResponse:
+        """Send the GET (with ``Range`` when resuming); transport errors are transient."""
+        req = urllib.request.Request(self.url.request, headers=self.headers)
+        if self.url.auth and "authorization" not in {k.lower() for k in self.headers}:
+            req.add_unredirected_header("Authorization", self.url.auth)
+        if offset > 0:
+            req.add_header("Range", f"bytes={offset}-")
+        try:
+            resp: http.client.HTTPResponse = urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError:
+            raise
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise _Transient(f"cannot connect: {reason}") from None
+        return resp
+
+    def on_http_error(self, exc: urllib.error.HTTPError, offset: int) -> int:
+        """416 on a complete part means done; 5xx is transient; anything else fails."""
+        status = f"HTTP {exc.code} {exc.reason}"
+        if exc.code == 416 and offset > 0:
+            total = _content_range(exc.headers.get("Content-Range"))[1]
+            if offset in {total, self.expect.size}:
+                self.total = total
+                return offset
+            self.part.unlink(missing_ok=True)
+            raise _Transient(f"{status}; starting over")
+        if exc.code in _TRANSIENT_STATUS:
+            raise _Transient(status)
+        raise self.fail(status)
+
+    def name_from(self, resp: http.client.HTTPResponse) -> str:
+        """The file name from Content-Disposition, else the (final) URL's last part."""
+        suggested = resp.headers.get_filename()
+        if suggested is not None:
+            if _name_or_none(suggested) is None:
+                raise self.fail(f"server suggested an unsafe file name {suggested!r}")
+            return suggested
+        name = _url_name(urllib.parse.urlsplit(resp.geturl()).path) or self.url.name
+        if name is None:
+            raise self.fail("cannot tell the file name; pass filename=")
+        return name
+
+    def accept(self, resp: http.client.HTTPResponse, offset: int) -> int:
+        """Check the status against the request; return the offset the body starts at."""
+        if resp.status == 206:
+            start, self.total = _content_range(resp.headers.get("Content-Range"))
+            if start != offset:
+                self.part.unlink(missing_ok=True)
+                raise _Transient(f"server sent range from {start}, asked {offset}")
+            return offset
+        if resp.status == 200:
+            self.total = _int_or_none(resp.headers.get("Content-Length"))
+            return 0
+        raise self.fail(f"unexpected HTTP {resp.status} {resp.reason}")
+
+    def check_space(self, offset: int) -> None:
+        """Refuse before writing when the folder cannot hold the rest of the file."""
+        total = self.expect.size if self.expect.size is not None else self.total
+        if total is None:
+            return
+        free = shutil.disk_usage(self.folder).free
+        if free < total - offset:
+            raise self.fail(f"not enough free space in {self.folder}: "
+                            f"need {total - offset} bytes, {free} free")
+
+    def stream(self, resp: http.client.HTTPResponse, offset: int) -> None:
+        """Copy the body into the part file; a short body is a transient failure."""
+        from tqdm.auto import tqdm
+
+        length = _int_or_none(resp.headers.get("Content-Length"))
+        total = self.expect.size or self.total
+        got = 0
+        with self.part.open("ab" if offset else "wb") as fh, tqdm(
+            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
+            desc=self.name, disable=not self.progress, leave=False,
+        ) as bar:
+            while chunk := self.read(resp, offset + got):
+                _write_chunk(fh, chunk)
+                got += len(chunk)
+                bar.update(len(chunk))
+            fh.flush()
+            os.fsync(fh.fileno())
+        if length is not None and got < length:
+            raise _Transient(f"connection closed at byte {offset + got}")
+
+    def read(self, resp: http.client.HTTPResponse, at: int) -> bytes:
+        """One chunk of the body; network errors are transient."""
+        try:
+            return resp.read(CHUNK)
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Transient(f"connection lost at byte {at}: {type(exc).__name__}") from None
+
+    def finish(self, start: int) -> DownloadResult:
+        """Verify size and checksums, then rename the part to its final name atomically."""
+        size = self.part_size()
+        want = self.expect.size if self.expect.size is not None else self.total
+        if want is not None and size != want:
+            self.part.unlink(missing_ok=True)
+            raise self.fail(f"size mismatch for {self.name}: expected {want}, got {size}")
+        digests = _hash_file(self.part, md5=self.expect.md5 is not None)
+        problem = _mismatch(digests, self.expect)
+        if problem is not None:
+            self.part.unlink(missing_ok=True)
+            raise self.fail(f"checksum mismatch for {self.name}: {problem}")
+        final = self.folder / str(self.name)
+        os.replace(self.part, final)
+        _fsync_dir(self.folder)
+        return DownloadResult(final, size, digests["sha256"], start, False)
+
+
+def download(
+    url: str,
+    dest: str | os.PathLike[str] | None = None,
+    *,
+    filename: str | None = None,
+    sha256: str | None = None,
+    md5: str | None = None,
+    size: int | None = None,
+    progress: bool = True,
+    retries: int = 3,
+    timeout: float = 60.0,
+    headers: Mapping[str, str] | None = None,
+) -> DownloadResult:
+    """Download ``url`` into the folder ``dest`` (default: the current folder), verified.
+
+    The name is ``filename``, else the server's Content-Disposition, else the URL path's
+    last part. Bytes go to ``<name>.part`` and resume from it; ``size``/``sha256``/``md5``
+    are checked before the atomic rename. A file already present that matches the given
+    checksums (or, with none given, ``size``) is returned with ``skipped=True`` and no
+    request; that check uses ``filename`` or the URL's last part.
+    Raises ValueError for a malformed URL or unsafe name, DownloadError otherwise.
+    """
+    parsed = _parse_url(url)
+    if filename is not None:
+        _check_name(filename)
+    if size is not None and size < 0:
+        raise ValueError("size must be >= 0")
+    expect = _Expect(_normalise_digest(sha256, 64, "sha256"),
+                     _normalise_digest(md5, 32, "md5"), size)
+    folder = Path(dest) if dest is not None else Path.cwd()
+    folder.mkdir(parents=True, exist_ok=True)
+    guess = filename or parsed.name
+    if guess is not None and (done := _existing(folder / guess, expect)) is not None:
+        return done
+    opts = {"progress": progress, "retries": retries, "timeout": timeout, "headers": headers}
+    return _Job(parsed, folder, filename, expect, opts).run()
