@@ -23,6 +23,10 @@ _LAZY_ATTRIBUTES = {
     "History": "ipycloud.runtime.train.history",
     "loader": "ipycloud.runtime.train.data",
     "launch": "ipycloud.runtime.train.distributed",
+    "mount": "ipycloud.runtime.storage.mount",
+    "download": "ipycloud.runtime.storage.download",
+    "extract": "ipycloud.runtime.storage.extract",
+    "sync": "ipycloud.runtime.storage.sync",
 }
 
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]

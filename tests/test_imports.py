@@ -42,7 +42,8 @@ def test_public_names_load_on_first_use() -> None:
     import ipycloud
 
     assert callable(ipycloud.environment_report)
-    for name in ("fit", "loader", "launch", "CheckpointManager", "History"):
+    for name in ("fit", "loader", "launch", "CheckpointManager", "History", "mount", "download",
+                 "extract", "sync"):
         assert getattr(ipycloud, name).__name__ == name
     assert ipycloud.detect_platform().key
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

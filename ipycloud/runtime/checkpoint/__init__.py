@@ -1,9 +1,9 @@
 """Checkpoints users can trust: atomic, rotating, asynchronous, verified, bit-exact resume.
 
 ``CheckpointManager`` is the entry point; the modules beside it each do one part:
-``durable`` (atomic writes), ``catalog`` (the folder layout), ``state`` (live objects to
-saveable state and back), ``rng`` (random generator states), ``auto`` (the objects
-registered for automatic saving).
+``catalog`` (the folder layout), ``state`` (live objects to saveable state and back),
+``rng`` (random generator states), ``auto`` (the objects registered for automatic saving).
+Atomic, durable file writes come from ``ipycloud.runtime.durable``.
 """
 
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.checkpoint.durable import FileDigest, write_bytes_atomically
+from ipycloud.runtime.durable import FileDigest, write_bytes_atomically
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
 from ipycloud.runtime.units import format_bytes
 

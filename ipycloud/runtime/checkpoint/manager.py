@@ -23,19 +23,19 @@ from ipycloud._version import __version__
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.checkpoint import catalog, rng
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
-from ipycloud.runtime.checkpoint.durable import (
-    folder_lock,
-    fsync_folder,
-    side_by_side,
-    stale_temporaries,
-    write_atomically,
-)
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
     CheckpointWarning,
     UnsafeCheckpointError,
 )
 from ipycloud.runtime.checkpoint.state import HostBuffers, capture, restore
+from ipycloud.runtime.durable import (
+    folder_lock,
+    fsync_folder,
+    side_by_side,
+    stale_temporaries,
+    write_atomically,
+)
 
 Which = str | int
 

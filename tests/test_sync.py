@@ -1,0 +1,345 @@
+"""Incremental folder sync on real files: atomic copies, deletion only on request, restarts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from ipycloud.runtime.storage import sync as sync_module
+from ipycloud.runtime.storage.sync import BackgroundSync, SyncReport, sync
+
+FILES = {"a.txt": b"alpha", "b.bin": bytes(range(256)) * 40, "sub/c.txt": b"gamma",
+         "sub/deep/d.txt": b"delta" * 1000, "e.txt": b"epsilon"}
+
+
+def make_tree(root: Path, files: dict[str, bytes] = FILES) -> None:
+    """Write ``files`` under ``root`` with distinct modes and old mtimes."""
+    for index, (rel, data) in enumerate(files.items()):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o640 if index % 2 else 0o755)
+        stamp = 1_600_000_000_123_456_789 + index * 1_000_000_000
+        os.utime(path, ns=(stamp, stamp))
+
+
+def listing(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every entry under ``root``: mode, mtime and content (empty for folders)."""
+    result = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        data = path.read_bytes() if path.is_file() else b""
+        result[path.relative_to(root).as_posix()] = (st.st_mode, st.st_mtime_ns, data)
+    return result
+
+
+def files_only(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """``listing`` restricted to regular files."""
+    return {rel: v for rel, v in listing(root).items() if (root / rel).is_file()}
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    make_tree(root)
+    return root
+
+
+def test_first_sync_copies_everything_with_metadata(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "out" / "dst"
+    report = sync(src, dst, progress=False)
+    assert sorted(report.copied) == sorted(FILES)
+    assert report.bytes_copied == sum(len(v) for v in FILES.values())
+    for rel, data in FILES.items():
+        s, d = (src / rel).stat(), (dst / rel).stat()
+        assert (dst / rel).read_bytes() == data
+        assert d.st_mtime_ns == s.st_mtime_ns
+        assert d.st_mode & 0o777 == s.st_mode & 0o777
+    assert not [p for p in dst.rglob(".tmp-*")]
+
+
+def test_second_sync_copies_nothing(src: Path, tmp_path: Path) -> None:
+    sync(src, tmp_path / "dst", progress=False)
+    report = sync(src, tmp_path / "dst", progress=True)
+    assert (report.copied, report.updated, report.deleted) == ((), (), ())
+    assert report.unchanged == len(FILES)
+    assert report.summary() == f"0 copied, 0 updated, 0 deleted, {len(FILES)} unchanged (0 B)"
+
+
+def test_modified_file_is_the_only_update(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    sync(src, dst, progress=False)
+    (src / "sub/c.txt").write_bytes(b"gamma, changed")
+    report = sync(src, dst, progress=False)
+    assert report.updated == ("sub/c.txt",)
+    assert report.copied == ()
+    assert report.unchanged == len(FILES) - 1
+    assert (dst / "sub/c.txt").read_bytes() == b"gamma, changed"
+
+
+def test_same_size_and_mtime_needs_checksum(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    sync(src, dst, progress=False)
+    target = src / "a.txt"
+    before = target.stat()
+    target.write_bytes(b"ALPHA")
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert sync(src, dst, progress=False).updated == ()
+    assert (dst / "a.txt").read_bytes() == b"alpha"
+    report = sync(src, dst, checksum=True, progress=False)
+    assert report.updated == ("a.txt",)
+    assert (dst / "a.txt").read_bytes() == b"ALPHA"
+
+
+def test_whole_second_destination_mtime_counts_as_equal(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    sync(src, dst, progress=False)
+    st = (dst / "a.txt").stat()
+    os.utime(dst / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns // 10**9 * 10**9))
+    assert sync(src, dst, progress=False).updated == ()
+    os.utime(dst / "a.txt", ns=(st.st_atime_ns, st.st_mtime_ns - 10**9))
+    assert sync(src, dst, progress=False).updated == ("a.txt",)
+
+
+def test_extra_files_kept_unless_delete(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    sync(src, dst, progress=False)
+    (dst / "extra.txt").write_text("mine")
+    (dst / "old/inner").mkdir(parents=True)
+    (dst / "old/inner/x.txt").write_text("x")
+    report = sync(src, dst, progress=False)
+    assert report.deleted == ()
+    assert (dst / "extra.txt").exists() and (dst / "old/inner/x.txt").exists()
+    report = sync(src, dst, delete=True, progress=False)
+    assert set(report.deleted) == {"extra.txt", "old", "old/inner", "old/inner/x.txt"}
+    assert not (dst / "extra.txt").exists() and not (dst / "old").exists()
+    assert dst.is_dir()
+    assert files_only(dst).keys() == set(FILES)
+
+
+def test_delete_removes_only_inside_dst(src: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "link").symlink_to(outside, target_is_directory=True)
+    report = sync(src, dst, delete=True, progress=False)
+    assert "link" in report.deleted
+    assert (outside / "keep.txt").read_text() == "keep"
+
+
+def test_dry_run_touches_nothing(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    sync(src, dst, progress=False)
+    (src / "new.txt").write_text("new")
+    (src / "a.txt").write_text("changed!")
+    (dst / "extra.txt").write_text("extra")
+    stale = dst / ".tmp-999999999-deadbeef-a.txt"
+    stale.write_text("stale")
+    before_src, before_dst = listing(src), listing(dst)
+    report = sync(src, dst, delete=True, dry_run=True, progress=False)
+    assert listing(src) == before_src and listing(dst) == before_dst
+    assert report.dry_run and report.copied == ("new.txt",) and report.updated == ("a.txt",)
+    assert report.deleted == ("extra.txt",)
+    assert report.summary().startswith("dry run: 1 copied, 1 updated, 1 deleted")
+    assert sync(src, tmp_path / "never", dry_run=True, progress=False).copied
+    assert not (tmp_path / "never").exists()
+
+
+def test_stale_temporary_files_are_cleaned(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    (dst / "sub").mkdir(parents=True)
+    stale = dst / "sub" / ".tmp-999999999-deadbeef-c.txt"
+    stale.write_text("torn")
+    sync(src, dst, progress=False)
+    assert not stale.exists()
+    assert (dst / "sub/c.txt").read_bytes() == FILES["sub/c.txt"]
+
+
+def test_interrupted_sync_leaves_no_partial_and_rerun_completes(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dst = tmp_path / "dst"
+    real_read = sync_module._read_chunks
+    calls = {"files": 0}
+
+    def interrupting(handle: BinaryIO) -> Iterator[bytes]:
+        calls["files"] += 1
+        if calls["files"] == 3:
+            yield handle.read(2)  # a partial temporary file exists when the interrupt hits
+            raise KeyboardInterrupt
+        yield from real_read(handle)
+
+    monkeypatch.setattr(sync_module, "_read_chunks", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        sync(src, dst, progress=False)
+    present = files_only(dst)
+    assert len(present) == 2
+    for rel, (_, _, data) in present.items():
+        assert data == FILES[rel]
+    assert not list(dst.rglob(".tmp-*"))
+    monkeypatch.setattr(sync_module, "_read_chunks", real_read)
+    report = sync(src, dst, progress=False)
+    assert len(report.copied) == len(FILES) - 2 and report.unchanged == 2
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == FILES
+
+
+def test_file_growing_during_copy_is_retried(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_read = sync_module._read_chunks
+    grower = src / "b.bin"
+    appended = {"n": 0}
+
+    def growing(handle: BinaryIO) -> Iterator[bytes]:
+        for chunk in real_read(handle):
+            yield chunk
+            if handle.name == str(grower) and appended["n"] < 2:
+                appended["n"] += 1
+                with open(grower, "ab") as more:
+                    more.write(b"+more")
+
+    monkeypatch.setattr(sync_module, "_read_chunks", growing)
+    dst = tmp_path / "dst"
+    report = sync(src, dst, progress=False)
+    assert appended["n"] == 2
+    assert "b.bin" in report.copied and report.skipped == ()
+    assert (dst / "b.bin").read_bytes() == grower.read_bytes()
+    assert grower.read_bytes().endswith(b"+more+more")
+
+
+def test_file_that_never_settles_is_skipped_not_torn(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_read = sync_module._read_chunks
+    grower = src / "b.bin"
+
+    def growing(handle: BinaryIO) -> Iterator[bytes]:
+        for chunk in real_read(handle):
+            yield chunk
+            if handle.name == str(grower):
+                with open(grower, "ab") as more:
+                    more.write(b"+")
+
+    monkeypatch.setattr(sync_module, "_read_chunks", growing)
+    dst = tmp_path / "dst"
+    report = sync(src, dst, progress=False)
+    assert report.skipped == ("b.bin",)
+    assert "b.bin" not in report.copied
+    assert not (dst / "b.bin").exists()
+    assert not list(dst.rglob(".tmp-*"))
+    assert "1 skipped" in report.summary()
+
+
+@pytest.mark.parametrize("inside", ["dst_in_src", "src_in_dst", "same"])
+def test_nested_folders_are_refused(tmp_path: Path, inside: str) -> None:
+    outer = tmp_path / "outer"
+    (outer / "inner").mkdir(parents=True)
+    pairs = {"dst_in_src": (outer, outer / "inner"), "src_in_dst": (outer / "inner", outer),
+             "same": (outer, outer)}
+    a, b = pairs[inside]
+    with pytest.raises(ValueError, match="lies inside"):
+        sync(a, b, progress=False)
+
+
+def test_missing_source_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not an existing folder"):
+        sync(tmp_path / "nope", tmp_path / "dst", progress=False)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_symlinks_are_copied_as_links(src: Path, tmp_path: Path) -> None:
+    (src / "to_a").symlink_to("a.txt")
+    report = sync(src, tmp_path / "dst", progress=False)
+    assert "to_a" in report.copied
+    assert os.readlink(tmp_path / "dst" / "to_a") == "a.txt"
+    assert sync(src, tmp_path / "dst", progress=False).unchanged == len(FILES) + 1
+
+
+def test_destination_on_another_file_system(src: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == src.stat().st_dev:
+        pytest.fail("this test needs /dev/shm on a file system other than tmp_path")
+    dst = shm / f"ipycloud-sync-test-{uuid.uuid4().hex}"
+    try:
+        report = sync(src, dst, progress=False)
+        assert sorted(report.copied) == sorted(FILES)
+        assert {rel: v[2] for rel, v in files_only(dst).items()} == FILES
+        assert sync(src, dst, progress=False).unchanged == len(FILES)
+    finally:
+        shutil.rmtree(dst, ignore_errors=True)
+
+
+def test_report_displays_its_summary(src: Path, tmp_path: Path) -> None:
+    report = sync(src, tmp_path / "dst", progress=False)
+    assert isinstance(report, SyncReport)
+    assert str(report) == report.summary()
+    texts: list[str] = []
+
+    class Printer:
+        def text(self, value: str) -> None:
+            texts.append(value)
+
+    report._repr_pretty_(Printer(), False)
+    assert texts == [report.summary()]
+    assert report.summary().startswith(f"{len(FILES)} copied, 0 updated, 0 deleted, 0 unchanged")
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 1.0) -> bool:
+    """Poll a zero-argument callable until it is true or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_background_sync_follows_changes(src: Path, tmp_path: Path) -> None:
+    dst = tmp_path / "dst"
+    background = BackgroundSync(src, dst, every_s=0.2).start()
+    try:
+        assert background.running
+        assert _wait_for(lambda: (dst / "a.txt").exists())
+        (src / "fresh.txt").write_text("fresh")
+        assert _wait_for(lambda: (dst / "fresh.txt").exists())
+    finally:
+        (src / "last.txt").write_text("last")
+        report = background.stop()
+    assert not background.running
+    assert report is not None and report.copied == ("last.txt",)
+    assert (dst / "last.txt").read_text() == "last"
+    assert background.last_error is None
+
+
+def test_background_error_is_kept_and_raised_on_stop(
+        src: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    background = BackgroundSync(src, blocker / "dst", every_s=0.2)
+    with caplog.at_level(logging.ERROR, logger=sync_module.__name__):
+        background.start()
+        assert _wait_for(lambda: background.last_error is not None)
+    assert isinstance(background.last_error, OSError)
+    assert "background sync" in caplog.text
+    with pytest.raises(OSError):
+        background.stop(final=False)
+    assert not background.running
+
+
+def test_background_stop_raises_kept_error_even_after_recovery(
+        src: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    background = BackgroundSync(src, blocker / "dst", every_s=0.2).start()
+    assert _wait_for(lambda: background.last_error is not None)
+    blocker.unlink()
+    with pytest.raises(OSError):
+        background.stop(final=True)
+    assert (blocker / "dst" / "a.txt").exists()
