@@ -6,8 +6,9 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from ipycloud.magics.checkpoint import CheckpointMagics
 from ipycloud.magics.gpuinfo import GpuInfoMagics
+from ipycloud.magics.storage import StorageMagics
 
-MAGICS = (GpuInfoMagics, CheckpointMagics)
+MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics)
 
 
 def register_all(ipython: InteractiveShell) -> None:

@@ -1,0 +1,114 @@
+"""``%mount_storage`` on a real IPython shell: real files and a real loopback HTTP server."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from http_server import LoopbackServer, http_server  # noqa: F401
+from IPython.core.error import UsageError
+
+from ipycloud.runtime.storage.mount import MountResult
+from ipycloud.runtime.storage.sync import SyncReport
+
+
+@pytest.fixture
+def local_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A plain local machine whose home is tmp_path/home, and tmp_path as working folder."""
+    for variable in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "JUPYTERHUB_USER",
+                     "BINDER_SERVICE_HOST", "PAPERSPACE_CLUSTER_ID"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "home"
+
+
+def tarball(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_mount_then_download_verify_and_extract_into_the_project(
+        shell, local_home: Path, http_server: LoopbackServer) -> None:  # noqa: F811
+    mounted = shell.run_line_magic("mount_storage", "--project mnist")
+    assert isinstance(mounted, MountResult)
+    assert mounted.project == local_home / "ipycloud/mnist"
+    data = tarball({"train/a.txt": b"alpha", "train/b.txt": b"beta"})
+    http_server.add("/mnist.tar.gz", data)
+    digest = hashlib.sha256(data).hexdigest()
+    notice = shell.run_line_magic(
+        "mount_storage", f"download {http_server.url('/mnist.tar.gz')} --sha256 {digest} --extract")
+    assert str(notice).startswith(f"downloaded {mounted.project / 'data/mnist.tar.gz'}")
+    assert "extracted 2 files into" in str(notice)
+    assert (mounted.project / "data/mnist/train/b.txt").read_bytes() == b"beta"
+    again = shell.run_line_magic("mount_storage",
+                                 f"download {http_server.url('/mnist.tar.gz')} --sha256 {digest}")
+    assert "already present and valid" in str(again)
+    status = str(shell.run_line_magic("mount_storage", "status"))
+    assert str(mounted.project) in status and "free space there:" in status
+
+
+def test_a_wrong_checksum_is_one_line_and_leaves_nothing(
+        shell, local_home: Path, http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+    http_server.add("/file.bin", b"x" * 1000)
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("mount_storage", f"download {http_server.url('/file.bin')} "
+                                              f"--sha256 {'0' * 64} --dest {tmp_path / 'd'}")
+    assert "checksum mismatch" in str(caught.value) and "\n" not in str(caught.value)
+    assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_sync_now_and_in_the_background(shell, local_home: Path, tmp_path: Path) -> None:
+    source = tmp_path / "outputs"
+    source.mkdir()
+    (source / "model.pt").write_bytes(b"weights")
+    report = shell.run_line_magic("mount_storage", f"sync {source} {tmp_path / 'kept'}")
+    assert isinstance(report, SyncReport) and report.copied == ("model.pt",)
+    notice = shell.run_line_magic("mount_storage",
+                                  f"sync {source} {tmp_path / 'later'} --every 0.2s")
+    assert "in the background" in str(notice)
+    (source / "log.txt").write_text("step 1")
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "later/log.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "later/log.txt").read_text() == "step 1"
+    assert "background sync:" in str(shell.run_line_magic("mount_storage", "status"))
+    magics = shell.magics_manager.registry["StorageMagics"]
+    for background in magics._background:
+        background.stop()
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("s3", "invalid choice: 's3'"),
+    ("download", "expected 1 argument(s), got nothing"),
+    ("download ftp://example.org/x", "download:"),
+    ("download not-a-url", "download:"),
+    ("sync onlyone", "expected 2 argument(s), got onlyone"),
+    ("sync {tmp}/missing {tmp}/dst", "sync:"),
+    ("sync {tmp}/src {tmp}/src/inner", "sync:"),
+    ("sync {tmp}/src {tmp}/dst --every soon", "'soon' is not a duration"),
+    ("sync {tmp}/src {tmp}/dst --every 1m --dry-run", "--dry-run and --every do not go"),
+    ("status extra", "expected 0 argument(s), got extra"),
+    ("drive", "drive storage is not available on Local machine"),
+    ("local --project ../up", "invalid project name '../up'"),
+])
+def test_bad_lines_give_one_line_usage_errors(shell, local_home: Path, tmp_path: Path,
+                                              line: str, message: str) -> None:
+    (tmp_path / "src").mkdir()
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("mount_storage", line.format(tmp=tmp_path))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_help_page_has_examples(shell) -> None:
+    doc = shell.find_line_magic("mount_storage").__doc__
+    assert "Examples" in doc and "%mount_storage sync outputs" in doc and "--sha256" in doc
