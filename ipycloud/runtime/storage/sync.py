@@ -15,6 +15,7 @@ refuses links (Google Drive, FAT), they are reported as skipped, like sockets an
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import logging
 import os
@@ -35,6 +36,9 @@ __all__ = ["BackgroundSync", "SyncReport", "sync"]
 _log = logging.getLogger(__name__)
 _CHUNK = 1024 * 1024
 _RETRIES = 3
+_BATCH_FILES = 1000  # staged copies made durable together
+_BATCH_BYTES = 64 * 1024 * 1024
+_FSYNC_THREADS = 8
 _TEMP = re.compile(r"^\.tmp-(\d+)-[0-9a-f]{8}-.")
 _NS = 1_000_000_000
 _LOCKS: dict[str, threading.Lock] = {}
@@ -175,13 +179,16 @@ def _same_mtime(src_ns: int, dst_ns: int) -> bool:
     return src_ns == dst_ns or (dst_ns % _NS == 0 and src_ns // _NS == dst_ns // _NS)
 
 
-def _same_file(source: Path, target: Path, s: os.stat_result, d: os.stat_result,
+def _same_file(source: Path, target: Path, rel: str, s: os.stat_result, d: os.stat_result,
                checksum: bool) -> bool:
-    """Whether the destination file already holds the source file's version."""
+    """Whether the destination file already holds the source file's version.
+
+    Paths are built only to hash: the size-and-mtime test needs the listings alone.
+    """
     if s.st_size != d.st_size:
         return False
     if checksum:
-        return _digest(source) == _digest(target)
+        return _digest(_join(source, rel)) == _digest(_join(target, rel))
     return _same_mtime(s.st_mtime_ns, d.st_mtime_ns)
 
 
@@ -212,7 +219,7 @@ def _plan(source: Path, target: Path, src_entries: dict[str, os.stat_result],
         elif _kind(d.st_mode) != kind and (kind == "dir" or _kind(d.st_mode) == "dir"):
             _plan_conflict(plan, rel, kind, delete, blocked)
         elif kind == "file" and _kind(d.st_mode) == "file":
-            same = _same_file(_join(source, rel), _join(target, rel), s, d, checksum)
+            same = _same_file(source, target, rel, s, d, checksum)
             plan.unchanged += same
             if not same:
                 plan.update.append(rel)
@@ -256,7 +263,10 @@ def _same_version(a: os.stat_result, b: os.stat_result) -> bool:
 
 
 def _write_temp(source: Path, temp: Path, on_bytes: Callable[[int], object]) -> bool:
-    """Copy ``source`` into ``temp`` with its metadata, fsynced; False if it changed meanwhile."""
+    """Copy ``source`` into ``temp`` with its metadata; False if it changed meanwhile.
+
+    The copy is not fsynced here: ``_Batch`` makes a batch durable before renaming it.
+    """
     with open(source, "rb") as reader:
         before = os.fstat(reader.fileno())
         written = 0
@@ -273,25 +283,71 @@ def _write_temp(source: Path, temp: Path, on_bytes: Callable[[int], object]) -> 
                 return False
             os.chmod(temp, stat.S_IMODE(before.st_mode) & 0o777)
             os.utime(temp, ns=(before.st_atime_ns, before.st_mtime_ns))
-            os.fsync(writer.fileno())
     return True
 
 
-def _copy_file(source: Path, target: Path, on_bytes: Callable[[int], object]) -> int | None:
-    """Copy one regular file atomically; its size, or None when it kept changing."""
+def _stage_file(source: Path, target: Path, on_bytes: Callable[[int], object]) -> Path | None:
+    """A complete copy of ``source`` under a temporary name beside ``target``, or None when
+    the source kept changing (or vanished)."""
     for _ in range(_RETRIES + 1):
         temp = temp_name_for(target)
         try:
             if _write_temp(source, temp, on_bytes):
-                os.replace(temp, target)
-                return target.stat().st_size
+                return temp
         except FileNotFoundError:
+            temp.unlink(missing_ok=True)
             if os.path.lexists(source):
                 raise
             return None  # deleted from the source since the scan
-        finally:
+        except BaseException:
             temp.unlink(missing_ok=True)
+            raise
+        temp.unlink(missing_ok=True)
     return None
+
+
+def _fsync_file(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+@dataclass
+class _Batch:
+    """Staged copies made durable together, then renamed into place.
+
+    One fsync per file, one after the other, costs a journal commit each; issued together
+    from a few threads, the file system commits them in groups. No final name ever holds
+    a copy that is not on disk.
+    """
+
+    staged: list[tuple[Path, Path, str, list[str]]] = field(default_factory=list)
+    bytes: int = 0
+
+    def add(self, temp: Path, target: Path, rel: str, done: list[str], size: int) -> None:
+        self.staged.append((temp, target, rel, done))
+        self.bytes += size
+
+    def full(self) -> bool:
+        return len(self.staged) >= _BATCH_FILES or self.bytes >= _BATCH_BYTES
+
+    def commit(self, run: _Run) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=_FSYNC_THREADS) as pool:
+            list(pool.map(_fsync_file, [temp for temp, _, _, _ in self.staged]))
+        for temp, target, rel, done in self.staged:
+            os.replace(temp, target)
+            done.append(rel)
+            run.touched.add(target.parent)
+        self.staged, self.bytes = [], 0
+
+    def discard(self) -> None:
+        for temp, _, _, _ in self.staged:
+            temp.unlink(missing_ok=True)
+        self.staged, self.bytes = [], 0
 
 
 def _copy_link(source: Path, target: Path) -> bool:
@@ -331,21 +387,27 @@ class _Run:
     touched: set[Path] = field(default_factory=set)
 
 
-def _transfer(source: Path, target: Path, rel: str, run: _Run,
-              on_bytes: Callable[[int], object]) -> bool:
-    """Copy one entry (file or link); whether it arrived."""
+def _transfer(source: Path, target: Path, rel: str, run: _Run, batch: _Batch,
+              done: list[str], on_bytes: Callable[[int], object]) -> None:
+    """Copy one entry: a link at once, a file into the batch (listed in ``done`` once
+    the batch is committed)."""
     src_path, dst_path = _join(source, rel), _join(target, rel)
     if src_path.is_symlink():
-        done = _copy_link(src_path, dst_path)
-    else:
-        size = _copy_file(src_path, dst_path, on_bytes)
-        done = size is not None
-        run.bytes_copied += size or 0
-    if done:
-        run.touched.add(dst_path.parent)
-    else:
+        if _copy_link(src_path, dst_path):
+            run.touched.add(dst_path.parent)
+            done.append(rel)
+        else:
+            run.skipped.append(rel)
+        return
+    temp = _stage_file(src_path, dst_path, on_bytes)
+    if temp is None:
         run.skipped.append(rel)
-    return done
+        return
+    size = temp.stat().st_size
+    run.bytes_copied += size
+    batch.add(temp, dst_path, rel, done, size)
+    if batch.full():
+        batch.commit(run)
 
 
 def _execute(source: Path, target: Path, plan: _Plan, progress: bool) -> _Run:
@@ -359,12 +421,20 @@ def _execute(source: Path, target: Path, plan: _Plan, progress: bool) -> _Run:
     for rel in plan.mkdirs:
         _join(target, rel).mkdir(exist_ok=True)
     total = sum(_size(_join(source, rel)) for rel in plan.copy + plan.update)
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="sync",
-              disable=not progress, leave=False) as bar:
-        for names, done in ((plan.copy, run.copied), (plan.update, run.updated)):
-            for rel in names:
-                if _transfer(source, target, rel, run, bar.update):
-                    done.append(rel)
+    batch = _Batch()
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="sync",
+                  disable=not progress, leave=False) as bar:
+            for names, done in ((plan.copy, run.copied), (plan.update, run.updated)):
+                for rel in names:
+                    _transfer(source, target, rel, run, batch, done, bar.update)
+            batch.commit(run)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            batch.commit(run)  # copies finished before an interrupt are kept
+        raise
+    finally:
+        batch.discard()  # whatever could not be committed
     _delete_extras(target, plan.delete, run)
     for folder in run.touched:
         if folder.is_dir():
