@@ -60,6 +60,10 @@ EXPECTED_OUTPUT = {
     "03-training.ipynb": ["ipycloud.fit: starting on cpu", "resuming from step-000000040 ",
                           "resumed run equals the uninterrupted one: True",
                           "both processes hold the same weights: True"],
+    "04-storage.ipynb": ["project folder storage-demo/tutorial (local, kept after the session)",
+                         "['dataset/test.csv', 'dataset/train.csv']",
+                         "is already present and valid", "1 copied, 0 updated, 0 deleted",
+                         "free space there:", "background sync: <BackgroundSync running"],
 }
 
 

@@ -16,7 +16,6 @@ from ipycloud.magics._display import Notice
 if TYPE_CHECKING:
     import argparse
 
-    from ipycloud.runtime.storage.mount import MountResult
     from ipycloud.runtime.storage.sync import BackgroundSync
 
 MOUNT_KINDS = ("auto", "drive", "kaggle", "local")
@@ -29,7 +28,6 @@ class StorageMagics(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._mounted: MountResult | None = None
         self._background: list[BackgroundSync] = []
 
     @magic_arguments()
@@ -94,8 +92,7 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.mount import mount
 
         _expect(args.operands, 0, "%mount_storage [auto|drive|kaggle|local] [--project P]")
-        self._mounted = mount(args.action, project=args.project, force=args.force)
-        return self._mounted
+        return mount(args.action, project=args.project, force=args.force)
 
     def _download(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.storage.download import download
@@ -132,19 +129,24 @@ class StorageMagics(Magics):
         return sync(source, target, dry_run=args.dry_run, **options)
 
     def _status(self, args: argparse.Namespace) -> Notice:
+        from ipycloud.runtime.storage.mount import last_mount
         from ipycloud.runtime.units import format_bytes
 
         _expect(args.operands, 0, "%mount_storage status")
-        lines = [str(self._mounted) if self._mounted else
+        mounted = last_mount()
+        lines = [str(mounted) if mounted else
                  "nothing mounted in this session: run %mount_storage"]
-        if self._mounted is not None:
-            free = shutil.disk_usage(self._mounted.project).free
+        if mounted is not None:
+            free = shutil.disk_usage(mounted.project).free
             lines.append(f"free space there: {format_bytes(free)}")
         lines += [f"background sync: {sync!r}" for sync in self._background]
         return Notice("\n".join(lines))
 
     def _data_folder(self) -> Path:
-        return self._mounted.project / "data" if self._mounted else Path("data")
+        from ipycloud.runtime.storage.mount import last_mount
+
+        mounted = last_mount()
+        return mounted.project / "data" if mounted else Path("data")
 
 
 def _expect(operands: list[str], count: int, usage: str) -> list[str]:

@@ -54,6 +54,9 @@ class MountResult:
         printer.text(self.summary())
 
 
+_last_mount: MountResult | None = None
+
+
 def mount(kind: str = "auto", *, project: str | None = None, force: bool = False,
           root: str | os.PathLike[str] | None = None, timeout_s: float = 120,
           platform: Platform | None = None) -> MountResult:
@@ -82,7 +85,14 @@ def mount(kind: str = "auto", *, project: str | None = None, force: bool = False
     if not result.persistent:
         warnings.warn(f"nothing persists on {platform.name}: {result.project} is lost when "
                       "the session ends; download what you need", StorageWarning, stacklevel=2)
+    global _last_mount
+    _last_mount = result
     return result
+
+
+def last_mount() -> MountResult | None:
+    """What ``mount()`` last returned in this process, or None."""
+    return _last_mount
 
 
 def _storage_root(kind: str, platform: Platform, root: str | os.PathLike[str] | None,
