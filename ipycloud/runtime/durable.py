@@ -184,11 +184,17 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def stale_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary file of a writer that is gone (or of this process,
+    between writes)."""
+    pid = _writer_pid(name)
+    return pid is not None and (pid == os.getpid() or not _process_alive(pid))
+
+
 def stale_temporaries(folder: Path) -> Iterator[Path]:
     """Temporary files left by writers that died (or by this process, between writes)."""
     for entry in folder.iterdir():
-        pid = _writer_pid(entry.name)
-        if pid is not None and (pid == os.getpid() or not _process_alive(pid)):
+        if stale_temporary(entry.name):
             yield entry
 
 

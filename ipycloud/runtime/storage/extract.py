@@ -34,6 +34,7 @@ import tarfile
 import tempfile
 import zipfile
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -119,17 +120,19 @@ def _is_tar(path: Path) -> bool:
 # ---------------------------------------------------------------- archive sources
 
 
-class _Source:
+class _Source(ABC):
     """Members of an archive and their bytes; read errors become one-line ValueErrors."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
+    @abstractmethod
     def members(self) -> list[_Member]:
-        raise NotImplementedError
+        """Every member, in archive order."""
 
+    @abstractmethod
     def open(self, member: _Member) -> IO[bytes]:
-        raise NotImplementedError
+        """A reader of one regular member's bytes."""
 
     def filter_reason(self, member: _Member, dest: Path) -> str | None:
         """A second opinion from tarfile's data filter; None means no objection."""

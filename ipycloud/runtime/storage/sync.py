@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ipycloud.runtime.durable import fsync_folder, temp_name_for
+from ipycloud.runtime.durable import fsync_folder, stale_temporary, temp_name_for
 from ipycloud.runtime.units import format_bytes
 
 __all__ = ["BackgroundSync", "SyncReport", "sync"]
@@ -135,23 +135,10 @@ def _is_temp(rel: str) -> bool:
     return _TEMP.match(rel.rsplit("/", 1)[-1]) is not None
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether a process with this id runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _clean_temps(root: Path, entries: dict[str, os.stat_result]) -> None:
     """Remove temporary files left by interrupted runs (this process's, or dead ones')."""
     for rel in [rel for rel in entries if _is_temp(rel)]:
-        match = _TEMP.match(rel.rsplit("/", 1)[-1])
-        pid = int(match.group(1)) if match else 0
-        if pid == os.getpid() or not _pid_alive(pid):
+        if stale_temporary(rel.rsplit("/", 1)[-1]):
             _join(root, rel).unlink(missing_ok=True)
         del entries[rel]
 
