@@ -76,6 +76,7 @@ class StorageMagics(Magics):
             %mount_storage status
         """
         args = parse_line(self.mount_storage, line)
+        from ipycloud.runtime.messages import one_line
         from ipycloud.runtime.storage.download import DownloadError
         from ipycloud.runtime.storage.extract import UnsafeArchiveError
         from ipycloud.runtime.storage.mount import MountError
@@ -85,8 +86,7 @@ class StorageMagics(Magics):
                 return self._mount(args)
             return getattr(self, f"_{args.action}")(args)
         except (ValueError, OSError, MountError, DownloadError, UnsafeArchiveError) as error:
-            raise UsageError(f"%mount_storage {args.action}: "
-                             f"{' '.join(str(error).split())}") from None
+            raise UsageError(f"%mount_storage {args.action}: {one_line(error)}") from None
 
     def _mount(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.storage.mount import mount

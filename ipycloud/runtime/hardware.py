@@ -111,11 +111,15 @@ def cpu_model() -> str | None:
     return _platform.processor() or None
 
 
-def _affinity_count() -> int | None:
+def usable_cpus(limits: CgroupLimits | None = None) -> float | None:
+    """Cores this process may use: its CPU affinity, capped by the cgroup's CPU quota."""
     try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count()
+        affinity: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no sched_getaffinity (macOS)
+        affinity = os.cpu_count()
+    quota = (read_cgroup_limits() if limits is None else limits).cpu_limit
+    counts = [count for count in (affinity, quota) if count is not None]
+    return float(min(counts)) if counts else None
 
 
 def probe_host(limits: CgroupLimits | None = None) -> HostInfo:
@@ -123,12 +127,11 @@ def probe_host(limits: CgroupLimits | None = None) -> HostInfo:
     limits = read_cgroup_limits() if limits is None else limits
     memory = psutil.virtual_memory()
     swap = psutil.swap_memory()
-    usable = [count for count in (_affinity_count(), limits.cpu_limit) if count is not None]
     return HostInfo(
         cpu_model=cpu_model(),
         cpu_logical=psutil.cpu_count(logical=True),
         cpu_physical=psutil.cpu_count(logical=False),
-        cpu_usable=float(min(usable)) if usable else None,
+        cpu_usable=usable_cpus(limits),
         memory_total=memory.total,
         memory_available=memory.available,
         memory_limit=limits.memory_limit,
@@ -163,11 +166,12 @@ def probe_disks(platform: Platform) -> tuple[DiskInfo, ...]:
 
 def take_snapshot(with_processes: bool = False) -> Snapshot:
     """Probe everything; ``with_processes`` also lists the processes on each GPU."""
-    platform = detect_platform()
+    limits = read_cgroup_limits()
+    platform = detect_platform(limits=limits)
     gpus = nvml.snapshot(with_processes=with_processes)
     return Snapshot(
         platform=platform,
-        host=probe_host(),
+        host=probe_host(limits),
         disks=probe_disks(platform),
         gpus=gpus,
         software=probe_software(nvml_usable=gpus.unavailable_reason is None),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ipycloud.runtime._files import is_dir, is_file, read_text
-from ipycloud.runtime.cgroup import read_cgroup_limits
+from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
 
 _MINUTE = 60
 _HOUR = 60 * _MINUTE
@@ -172,12 +172,14 @@ _LOCAL = _Rule(key="local", name="Local machine", persistent="~", scratch=None)
 
 
 def detect_platform(
-    environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/"
+    environ: Mapping[str, str] | None = None, root: str | os.PathLike[str] = "/",
+    limits: CgroupLimits | None = None,
 ) -> Platform:
     """Detect the notebook platform from environment variables and marker files.
 
     ``environ`` defaults to ``os.environ``; ``root`` redirects where marker files are looked
-    up (for tests), while the returned paths stay real absolute paths.
+    up (for tests), while the returned paths stay real absolute paths. ``limits`` are the
+    cgroup limits already read, if the caller has them.
     """
     env = os.environ if environ is None else environ
     base = Path(root)
@@ -192,7 +194,7 @@ def detect_platform(
         scratch_dir=Path(rule.scratch or tempfile.gettempdir()),
         session_limit_s=rule.session_limit_s,
         idle_timeout_s=rule.idle_timeout_s,
-        in_container=_in_container(env, base),
+        in_container=_in_container(env, base, limits),
         evidence=evidence,
     )
 
@@ -207,7 +209,7 @@ def _signals(rule: _Rule, environ: Mapping[str, str], root: Path) -> tuple[str, 
     )
 
 
-def _in_container(environ: Mapping[str, str], root: Path) -> bool:
+def _in_container(environ: Mapping[str, str], root: Path, limits: CgroupLimits | None) -> bool:
     """Whether container markers, a container cgroup of PID 1 or a cgroup limit are present."""
     if _env(environ, "KUBERNETES_SERVICE_HOST"):
         return True
@@ -216,7 +218,7 @@ def _in_container(environ: Mapping[str, str], root: Path) -> bool:
     pid1_cgroup = read_text(root / "proc/1/cgroup") or ""
     if any(word in pid1_cgroup for word in _CONTAINER_WORDS):
         return True
-    limits = read_cgroup_limits(root)
+    limits = read_cgroup_limits(root) if limits is None else limits
     return limits.memory_limit is not None or limits.cpu_limit is not None
 
 

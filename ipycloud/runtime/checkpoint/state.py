@@ -14,6 +14,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from ipycloud.runtime.checkpoint.errors import CheckpointError
+from ipycloud.runtime.messages import one_line
 
 STATEFUL, TENSOR, GENERATOR, VALUE = "stateful", "tensor", "generator", "value"
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
@@ -103,8 +104,7 @@ def restore(state: MutableMapping[str, Any] | Mapping[str, Any], saved: Mapping[
             try:
                 _load_state_dict(obj, value, strict)
             except (RuntimeError, ValueError, KeyError, TypeError) as error:
-                raise CheckpointError(f"cannot restore {name!r}: "
-                                      f"{' '.join(str(error).split())}") from error
+                raise CheckpointError(f"cannot restore {name!r}: {one_line(error)}") from error
         elif kind == TENSOR:
             with torch.no_grad():
                 obj.copy_(value)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
+from ipycloud.runtime.durable import fsync_folder
+
 CHUNK = 1 << 16
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -175,20 +177,6 @@ def _existing(path: Path, expect: _Expect) -> DownloadResult | None:
     if _mismatch(digests, expect) is not None:
         return None
     return DownloadResult(path, size, digests["sha256"], 0, True)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """fsync a folder so a rename in it survives a crash; tolerate filesystems that refuse."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -396,7 +384,7 @@ class _Job:
             raise self.fail(f"checksum mismatch for {self.name}: {problem}")
         final = self.folder / str(self.name)
         os.replace(self.part, final)
-        _fsync_dir(self.folder)
+        fsync_folder(self.folder)
         return DownloadResult(final, size, digests["sha256"], start, False)
 
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from ipycloud.runtime.messages import one_line
+
 __all__ = ["ExtractReport", "UnsafeArchiveError", "archive_kind", "extract"]
 
 _CHUNK = 1 << 20
@@ -139,7 +141,7 @@ class _Source(ABC):
         return None
 
     def corrupt(self, exc: BaseException) -> ValueError:
-        return ValueError(f"{self.path}: corrupt or unreadable archive ({_one_line(exc)})")
+        return ValueError(f"{self.path}: corrupt or unreadable archive ({one_line(exc)})")
 
 
 class _ZipSource(_Source):
@@ -194,7 +196,7 @@ class _TarSource(_Source):
         try:
             data_filter(member.handle, str(dest))
         except tarfile.FilterError as exc:
-            return f"tarfile data filter: {_one_line(exc)}"
+            return f"tarfile data filter: {one_line(exc)}"
         return None
 
 
@@ -223,16 +225,13 @@ def _open_source(path: Path, kind: str) -> Iterator[_Source]:
             zipfile.ZipFile(path) if kind == "zip" else tarfile.open(path, "r:*")  # noqa: SIM115
         )
     except _READ_ERRORS as exc:
-        raise ValueError(f"{path}: not a readable {kind} archive ({_one_line(exc)})") from exc
+        raise ValueError(f"{path}: not a readable {kind} archive ({one_line(exc)})") from exc
     with archive:
         if isinstance(archive, zipfile.ZipFile):
             yield _ZipSource(path, archive)
         else:
             yield _TarSource(path, archive)
 
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 # ---------------------------------------------------------------- name checks

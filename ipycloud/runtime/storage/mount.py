@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.messages import one_line
 from ipycloud.runtime.platform import Platform, detect_platform
 
 PROJECT_FOLDERS = ("data", "models", "checkpoints", "logs", "outputs")
@@ -143,7 +144,7 @@ def _mount_drive(platform: Platform, force: bool, timeout_s: float) -> Path:
         drive.mount(str(mount_point), force_remount=force or state == "stale",
                     timeout_ms=int(timeout_s * 1000))
     except Exception as error:  # Colab raises ValueError or TimeoutError with its reason
-        raise MountError(f"mounting Drive at {mount_point} failed ({_one_line(error)}): run "
+        raise MountError(f"mounting Drive at {mount_point} failed ({one_line(error)}): run "
                          "the cell again and accept the authorisation, or use "
                          "force=True") from error
     if _drive_state(my_drive) != "healthy":
@@ -177,6 +178,3 @@ def _tree_size(path: Path) -> int:
         return path.stat().st_size
     return sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
 
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__

@@ -305,15 +305,10 @@ def _check_nccl(nprocs: int, gpus: int) -> None:
 
 
 def _usable_cpus() -> int:
-    """Cores this process may run on: its CPU affinity, capped by the cgroup's CPU quota."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except AttributeError:  # no sched_getaffinity (macOS)
-        count = os.cpu_count() or 1
-    from ipycloud.runtime.cgroup import read_cgroup_limits
+    """Whole cores this process may run on (affinity and cgroup quota), at least one."""
+    from ipycloud.runtime.hardware import usable_cpus
 
-    quota = read_cgroup_limits().cpu_limit
-    return max(1, min(count, int(quota))) if quota else max(1, count)
+    return max(1, int(usable_cpus() or 1))
 
 
 def _free_port() -> int:

@@ -1,0 +1,8 @@
+"""Error text for people: one line, whatever the exception carried."""
+
+from __future__ import annotations
+
+
+def one_line(error: BaseException) -> str:
+    """The exception's message with every run of whitespace (newlines too) made one space."""
+    return " ".join(str(error).split()) or type(error).__name__
