@@ -64,7 +64,6 @@ class EpochData:
         self.seed = seed
         self._source = data
         self._loader, self._sampler, self.batch_size = _rebuild(data, seed, rank, world_size)
-        self.skips_without_reading = self._loader is not None
 
     def batches_per_epoch(self) -> int | None:
         """Batches in a whole epoch for this rank, when known."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ipycloud.runtime._optional import is_available
+from ipycloud.runtime.train.xla import xla_available, xla_device
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,7 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     if gpus and torch.version.cuda is not None:
         return DeviceChoice(torch.device("cuda", 0), "cuda",
                             f"{len(gpus)} NVIDIA GPU(s) visible, first: {gpus[0].name}")
-    if is_available("torch_xla"):
-        from ipycloud.runtime.train.xla import xla_device
+    if xla_available():
 
         return DeviceChoice(xla_device(), "xla", "torch_xla is installed")
     mps = getattr(torch.backends, "mps", None)
