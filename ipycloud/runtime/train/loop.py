@@ -206,11 +206,15 @@ class _Trainer:
             return (_to_device(batch, self.device) for batch in batches)
         return batches
 
-    def _micro_step(self, batch: Any) -> Any:
+    def _forward(self, batch: Any) -> tuple[Any, Any, Any]:
+        """Outputs, targets and loss of one batch, under the run's autocast."""
         inputs, targets = _split(batch)
         with self.plan.precision.autocast(self.device):
             outputs = _call(self.model, inputs)
-            loss = self._loss(outputs, targets, batch)
+            return outputs, targets, self._loss(outputs, targets, batch)
+
+    def _micro_step(self, batch: Any) -> Any:
+        _, _, loss = self._forward(batch)
         scaled = loss / self.plan.grad_accum if self.plan.grad_accum > 1 else loss
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
         return loss
@@ -305,10 +309,8 @@ class _Trainer:
         total, correct, count, batches = None, 0, 0, 0
         with torch.no_grad():
             for batch in self._on_device(val_data):
-                inputs, targets = _split(batch)
-                with self.plan.precision.autocast(self.device):
-                    outputs = _call(self.model, inputs)
-                    loss = self._loss(outputs, targets, batch).detach().float()
+                outputs, targets, loss = self._forward(batch)
+                loss = loss.detach().float()
                 total = loss if total is None else total + loss
                 batches += 1
                 if self.loss_rule is not None and self.loss_rule.classification:
