@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import psutil
 import pynvml as real
 import pytest
 from fake_nvml import BOARDS, FakeBoard, with_processes
@@ -151,7 +152,7 @@ def test_process_list_names_live_processes(board) -> None:
     _, rows = report.process_table()
     by_pid = {row[1]: row for row in rows}
     own = by_pid[str(os.getpid())]
-    assert own[2].startswith("python") and own[3] == "1.2 GiB"
+    assert own[2] == psutil.Process().name() and own[3] == "1.2 GiB"
     assert by_pid[str(2**22 + 17)][2:] == ("n/a", "300.0 MiB")
     assert "GPU processes" in str(report)
     assert "GPU processes" not in str(EnvironmentReport(report.snapshot, show_processes=False))

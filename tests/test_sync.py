@@ -7,15 +7,17 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
 
 import pytest
 
-from ipycloud.runtime.storage import sync as sync_module
-from ipycloud.runtime.storage.sync import BackgroundSync, SyncReport, sync
+from ipycloud.runtime.storage import background as background_module
+from ipycloud.runtime.storage import transfer as transfer_module
+from ipycloud.runtime.storage.background import BackgroundSync
+from ipycloud.runtime.storage.sync import SyncReport, sync
 
+OnBytes = Callable[[int], object]
 FILES = {"a.txt": b"alpha", "b.bin": bytes(range(256)) * 40, "sub/c.txt": b"gamma",
          "sub/deep/d.txt": b"delta" * 1000, "e.txt": b"epsilon"}
 
@@ -168,17 +170,17 @@ def test_stale_temporary_files_are_cleaned(src: Path, tmp_path: Path) -> None:
 def test_interrupted_sync_leaves_no_partial_and_rerun_completes(
         src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dst = tmp_path / "dst"
-    real_read = sync_module._read_chunks
+    real_copy = transfer_module.copy_contents
     calls = {"files": 0}
 
-    def interrupting(handle: BinaryIO) -> Iterator[bytes]:
+    def interrupting(reader: int, writer: int, size: int, on_bytes: OnBytes) -> int:
         calls["files"] += 1
         if calls["files"] == 3:
-            yield handle.read(2)  # a partial temporary file exists when the interrupt hits
+            os.write(writer, os.pread(reader, 2, 0))  # a partial temporary file exists
             raise KeyboardInterrupt
-        yield from real_read(handle)
+        return real_copy(reader, writer, size, on_bytes)
 
-    monkeypatch.setattr(sync_module, "_read_chunks", interrupting)
+    monkeypatch.setattr(transfer_module, "copy_contents", interrupting)
     with pytest.raises(KeyboardInterrupt):
         sync(src, dst, progress=False)
     present = files_only(dst)
@@ -186,48 +188,44 @@ def test_interrupted_sync_leaves_no_partial_and_rerun_completes(
     for rel, (_, _, data) in present.items():
         assert data == FILES[rel]
     assert not list(dst.rglob(".tmp-*"))
-    monkeypatch.setattr(sync_module, "_read_chunks", real_read)
+    monkeypatch.setattr(transfer_module, "copy_contents", real_copy)
     report = sync(src, dst, progress=False)
     assert len(report.copied) == len(FILES) - 2 and report.unchanged == 2
     assert {rel: v[2] for rel, v in files_only(dst).items()} == FILES
 
 
-def test_file_growing_during_copy_is_retried(
-        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_read = sync_module._read_chunks
-    grower = src / "b.bin"
+def _growing_copy(grower: Path, times: int | None) -> Callable[[int, int, int, OnBytes], int]:
+    """A copy that appends to ``grower`` after each copy of it (at most ``times`` times)."""
+    real_copy = transfer_module.copy_contents
     appended = {"n": 0}
 
-    def growing(handle: BinaryIO) -> Iterator[bytes]:
-        for chunk in real_read(handle):
-            yield chunk
-            if handle.name == str(grower) and appended["n"] < 2:
-                appended["n"] += 1
-                with open(grower, "ab") as more:
-                    more.write(b"+more")
+    def growing(reader: int, writer: int, size: int, on_bytes: OnBytes) -> int:
+        copied = real_copy(reader, writer, size, on_bytes)
+        if os.fstat(reader).st_ino == grower.stat().st_ino and (
+                times is None or appended["n"] < times):
+            appended["n"] += 1
+            with open(grower, "ab") as more:
+                more.write(b"+more")
+        return copied
 
-    monkeypatch.setattr(sync_module, "_read_chunks", growing)
+    return growing
+
+
+def test_file_growing_during_copy_is_retried(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    grower = src / "b.bin"
+    monkeypatch.setattr(transfer_module, "copy_contents", _growing_copy(grower, 2))
     dst = tmp_path / "dst"
     report = sync(src, dst, progress=False)
-    assert appended["n"] == 2
     assert "b.bin" in report.copied and report.skipped == ()
-    assert (dst / "b.bin").read_bytes() == grower.read_bytes()
     assert grower.read_bytes().endswith(b"+more+more")
+    assert (dst / "b.bin").read_bytes() == grower.read_bytes()
 
 
 def test_file_that_never_settles_is_skipped_not_torn(
         src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_read = sync_module._read_chunks
     grower = src / "b.bin"
-
-    def growing(handle: BinaryIO) -> Iterator[bytes]:
-        for chunk in real_read(handle):
-            yield chunk
-            if handle.name == str(grower):
-                with open(grower, "ab") as more:
-                    more.write(b"+")
-
-    monkeypatch.setattr(sync_module, "_read_chunks", growing)
+    monkeypatch.setattr(transfer_module, "copy_contents", _growing_copy(grower, None))
     dst = tmp_path / "dst"
     report = sync(src, dst, progress=False)
     assert report.skipped == ("b.bin",)
@@ -235,6 +233,45 @@ def test_file_that_never_settles_is_skipped_not_torn(
     assert not (dst / "b.bin").exists()
     assert not list(dst.rglob(".tmp-*"))
     assert "1 skipped" in report.summary()
+
+
+def test_local_disk_is_flushed_once_per_sync_that_changed_something(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flushed: list[str] = []
+    real_flush = transfer_module.flush_filesystem
+    monkeypatch.setattr(transfer_module, "flush_filesystem",
+                        lambda path: (flushed.append(str(path)), real_flush(path)))
+    dst = tmp_path / "dst"
+    assert transfer_module.can_flush_whole(tmp_path)  # the test folder is on a local disk
+    sync(src, dst, progress=False)
+    assert flushed == [str(dst)]
+    sync(src, dst, progress=False)
+    assert flushed == [str(dst)]  # nothing changed, nothing to flush
+    (src / "a.txt").write_text("changed")
+    sync(src, dst, progress=False)
+    assert flushed == [str(dst)] * 2
+
+
+def test_elsewhere_each_copy_is_fsynced_before_its_rename(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a whole-file-system flush is not trusted (FUSE, NFS), every copy is fsynced
+    under its temporary name, and only then renamed."""
+    dst = tmp_path / "dst"
+    fsynced: list[str] = []
+    real_fsync = transfer_module.fsync_file
+
+    def recording_fsync(path: str) -> None:
+        assert Path(path).name.startswith(".tmp-")
+        real_fsync(path)
+        fsynced.append(Path(path).name.split("-", 3)[3])
+
+    monkeypatch.setattr(transfer_module, "can_flush_whole", lambda path: False)
+    monkeypatch.setattr(transfer_module, "flush_filesystem", lambda path: pytest.fail("flushed"))
+    monkeypatch.setattr(transfer_module, "fsync_file", recording_fsync)
+    report = sync(src, dst, progress=False)
+    assert sorted(fsynced) == sorted(Path(rel).name for rel in FILES)
+    assert sorted(report.copied) == sorted(FILES)
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == FILES
 
 
 @pytest.mark.parametrize("inside", ["dst_in_src", "src_in_dst", "same"])
@@ -323,7 +360,7 @@ def test_background_error_is_kept_and_raised_on_stop(
     blocker = tmp_path / "blocker"
     blocker.write_text("a file, not a folder")
     background = BackgroundSync(src, blocker / "dst", every_s=0.2)
-    with caplog.at_level(logging.ERROR, logger=sync_module.__name__):
+    with caplog.at_level(logging.ERROR, logger=background_module.__name__):
         background.start()
         assert _wait_for(lambda: background.last_error is not None)
     assert isinstance(background.last_error, OSError)

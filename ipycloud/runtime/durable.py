@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, TypeVar
 
 A = TypeVar("A")
 B = TypeVar("B")
+PathLike = TypeVar("PathLike", str, Path)
 
 TEMP_PREFIX = ".tmp-"
 LOCK_NAME = ".ipycloud.lock"
@@ -108,12 +109,17 @@ def side_by_side(background: Callable[[], A], foreground: Callable[[], B]) -> tu
     return outcome["value"], result
 
 
-def temp_name_for(final: Path) -> Path:
-    """A temporary path beside ``final`` naming this process, so stale ones can be found."""
-    return final.with_name(f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{final.name}")
+def temp_name_for(final: PathLike) -> PathLike:
+    """A temporary path beside ``final`` naming this process, so stale ones can be found.
+
+    A ``str`` in, a ``str`` out (the fast path for copying many files); a Path for a Path.
+    """
+    folder, name = os.path.split(final)
+    temp = os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}")
+    return temp if isinstance(final, str) else type(final)(temp)
 
 
-def fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: str | os.PathLike[str]) -> None:
     """Make a folder's entries (renames, deletions) durable, where the file system allows."""
     try:
         descriptor = os.open(folder, os.O_RDONLY)
@@ -128,6 +134,30 @@ def fsync_folder(folder: Path) -> None:
             raise
     finally:
         os.close(descriptor)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Write a file's data and size to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(root: Path) -> tuple[int, int]:
+    """fsync every file and folder under ``root`` (links not followed, folders after what
+    they hold); returns how many files and bytes there are."""
+    files = size = 0
+    for folder, _, names in os.walk(root, topdown=False):
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                fsync_file(path)
+                files += 1
+                size += os.path.getsize(path)
+        fsync_folder(folder)
+    return files, size
 
 
 def write_atomically(final: Path, produce: Callable[[BinaryIO], object]) -> FileDigest:

@@ -1,0 +1,89 @@
+"""Sync a folder to persistent storage every few minutes, in a background thread."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Any
+
+from ipycloud.runtime.storage.sync import PathArg, SyncReport, check_pair, sync
+
+__all__ = ["BackgroundSync"]
+
+_log = logging.getLogger(__name__)
+
+
+class BackgroundSync:
+    """Sync ``src`` to ``dst`` every ``every_s`` seconds in a daemon thread.
+
+    A final sync runs at ``stop()`` and at interpreter exit. An error in the background is
+    logged and kept in ``last_error``; ``stop()`` raises it. The thread never prints.
+    """
+
+    def __init__(self, src: PathArg, dst: PathArg, every_s: float, **sync_options: Any) -> None:
+        if every_s <= 0:
+            raise ValueError(f"every_s must be positive, not {every_s!r}")
+        check_pair(src, dst)
+        self.src, self.dst, self.every_s = src, dst, every_s
+        self.options = {"progress": False, **sync_options}
+        self.last_report: SyncReport | None = None
+        self.last_error: BaseException | None = None
+        self._unreported = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the background thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> BackgroundSync:
+        """Start syncing now and every ``every_s`` seconds; a no-op when already running."""
+        if self.running:
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="ipycloud-sync", daemon=True)
+        atexit.register(self._at_exit)
+        self._thread.start()
+        return self
+
+    def stop(self, final: bool = True) -> SyncReport | None:
+        """Stop the thread, then sync once more unless ``final`` is False.
+
+        Returns the last report; raises the error a background run kept, if any.
+        """
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        atexit.unregister(self._at_exit)
+        if final:
+            self.last_report = sync(self.src, self.dst, **self.options)
+        if self._unreported and self.last_error is not None:
+            self._unreported = False
+            raise self.last_error
+        return self.last_report
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        detail = f"error: {self.last_error!r}" if self.last_error else str(self.last_report)
+        return f"<BackgroundSync {state} every {self.every_s} s, {detail}>"
+
+    def _loop(self) -> None:
+        """The thread: sync, then wait, until stopped."""
+        while not self._stop.is_set():
+            self._run_once()
+            self._stop.wait(self.every_s)
+
+    def _run_once(self) -> None:
+        """One background sync, its error kept rather than lost."""
+        try:
+            self.last_report = sync(self.src, self.dst, **self.options)
+        except Exception as error:  # kept for stop() and shown in the log
+            self.last_error, self._unreported = error, True
+            _log.error("background sync %s -> %s failed: %s", self.src, self.dst, error)
+
+    def _at_exit(self) -> None:
+        """Interpreter exit: stop and sync a last time."""
+        self.stop(final=True)

@@ -1,0 +1,91 @@
+"""Listing a folder tree for sync: every entry's lstat by ``/``-separated relative path.
+
+Sync's temporary files (``.tmp-<pid>-<hex>-<name>``) are listed apart from the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+
+from ipycloud.runtime.durable import TEMP_PREFIX, stale_temporary
+
+_TEMP = re.compile(r"^\.tmp-(\d+)-[0-9a-f]{8}-.")
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+Listing = dict[str, os.stat_result]
+
+
+def join(root: str, rel: str) -> str:
+    """The path of ``rel`` (``/``-separated) under ``root``."""
+    return f"{root}{os.sep}{rel}" if os.sep == "/" else os.path.join(root, *rel.split("/"))
+
+
+def scan(root: str) -> tuple[Listing, list[str]]:
+    """Every entry under ``root`` (links not followed) by relative path, parents before
+    their children, and apart from them the relative paths of sync's temporary files.
+
+    Folders are read through descriptors relative to ``root``, so each entry costs one
+    short ``fstatat``. Entries that vanish while the tree is listed are left out; a
+    missing ``root`` lists as empty.
+    """
+    found: Listing = {}
+    temps: list[str] = []
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        return found, temps
+    try:
+        pending = [""]
+        while pending:
+            prefix = pending.pop()
+            _scan_folder(root_fd, prefix, found, temps, pending)
+    finally:
+        os.close(root_fd)
+    return found, temps
+
+
+def _scan_folder(root_fd: int, prefix: str, found: Listing, temps: list[str],
+                 pending: list[str]) -> None:
+    """Add one folder's entries (``prefix`` is its relative path plus ``/``, or empty)."""
+    try:
+        folder_fd = (os.open(prefix, _FOLDER_FLAGS, dir_fd=root_fd) if prefix
+                     else os.dup(root_fd))
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return
+    try:
+        with os.scandir(folder_fd) as entries:
+            for entry in entries:
+                name = entry.name
+                rel = prefix + name
+                if name.startswith(TEMP_PREFIX) and _TEMP.match(name):
+                    temps.append(rel)
+                    continue
+                try:
+                    info = found[rel] = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(rel + "/")
+    finally:
+        os.close(folder_fd)
+
+
+def kind(mode: int) -> str:
+    """``dir``, ``file``, ``link`` or ``other`` (sockets, pipes, devices)."""
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "link" if stat.S_ISLNK(mode) else "other"
+
+
+def remove_stale_temps(root: str, temps: list[str]) -> None:
+    """Delete the temporary files interrupted runs left (this process's, or dead ones')."""
+    for rel in temps:
+        if stale_temporary(rel.rsplit("/", 1)[-1]):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(join(root, rel))
