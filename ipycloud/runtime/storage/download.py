@@ -8,7 +8,6 @@ passed the size and checksum checks is fsynced and renamed to its final name.
 from __future__ import annotations
 
 import base64
-import hashlib
 import http.client
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 from ipycloud.runtime.durable import fsync_folder
+from ipycloud.runtime.storage.verify import Expect, check_name, name_or_none
 
 CHUNK = 1 << 16
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -61,39 +61,9 @@ class _Url:
     secrets: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class _Expect:
-    """What the caller told us the file must be."""
-
-    sha256: str | None
-    md5: str | None
-    size: int | None
-
-    @property
-    def anything(self) -> bool:
-        """Whether there is anything to verify an existing file against."""
-        return self.sha256 is not None or self.md5 is not None or self.size is not None
-
-
 def _write_chunk(fh: BinaryIO, data: bytes) -> None:
     """Append one chunk to the part file (a seam for tests)."""
     fh.write(data)
-
-
-def _check_name(name: str) -> str:
-    """Return ``name`` if it is a plain file name; raise ValueError otherwise."""
-    bad = {"/", "\\", "\0", os.sep, os.altsep or "/"}
-    if not name or name in {".", ".."} or any(c in name for c in bad):
-        raise ValueError(f"unsafe file name {name!r}: give a plain name without folders or '..'")
-    return name
-
-
-def _name_or_none(name: str) -> str | None:
-    """``name`` when it is a safe file name, else None."""
-    try:
-        return _check_name(name)
-    except ValueError:
-        return None
 
 
 def _parse_url(url: str) -> _Url:
@@ -117,7 +87,7 @@ def _parse_url(url: str) -> _Url:
 
 def _url_name(path: str) -> str | None:
     """The URL path's last part, percent-decoded, when it is a safe file name."""
-    return _name_or_none(urllib.parse.unquote(PurePosixPath(path).name))
+    return name_or_none(urllib.parse.unquote(PurePosixPath(path).name))
 
 
 def _basic_auth(parts: urllib.parse.SplitResult) -> str | None:
@@ -136,45 +106,15 @@ def _secrets(parts: urllib.parse.SplitResult) -> tuple[str, ...]:
     return tuple(s for s in found if s)
 
 
-def _normalise_digest(value: str | None, length: int, kind: str) -> str | None:
-    """A lower-case hex digest, or ValueError when it is not one."""
-    if value is None:
-        return None
-    digest = value.strip().lower()
-    if len(digest) != length or any(c not in "0123456789abcdef" for c in digest):
-        raise ValueError(f"{kind} must be {length} hex digits")
-    return digest
-
-
-def _hash_file(path: Path, md5: bool) -> dict[str, str]:
-    """sha256 (and md5 when asked) of a file's bytes."""
-    hashers = {"sha256": hashlib.sha256()}
-    if md5:
-        hashers["md5"] = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            for h in hashers.values():
-                h.update(block)
-    return {k: h.hexdigest() for k, h in hashers.items()}
-
-
-def _mismatch(digests: Mapping[str, str], expect: _Expect) -> str | None:
-    """A description of the first checksum that differs, or None when all match."""
-    for kind, want in (("sha256", expect.sha256), ("md5", expect.md5)):
-        if want is not None and digests.get(kind) != want:
-            return f"{kind} expected {want}, got {digests.get(kind)}"
-    return None
-
-
-def _existing(path: Path, expect: _Expect) -> DownloadResult | None:
+def _existing(path: Path, expect: Expect) -> DownloadResult | None:
     """A skipped result when ``path`` already holds the expected file, else None."""
     if not expect.anything or not path.is_file():
         return None
     size = path.stat().st_size
     if expect.size is not None and size != expect.size:
         return None
-    digests = _hash_file(path, md5=expect.md5 is not None)
-    if _mismatch(digests, expect) is not None:
+    digests = expect.digests_of(path)
+    if expect.mismatch(digests) is not None:
         return None
     return DownloadResult(path, size, digests["sha256"], 0, True)
 
@@ -199,7 +139,7 @@ def _content_range(value: str | None) -> tuple[int | None, int | None]:
 class _Job:
     """One download: the retry loop, the transfer and the final verification."""
 
-    def __init__(self, url: _Url, folder: Path, name: str | None, expect: _Expect,
+    def __init__(self, url: _Url, folder: Path, name: str | None, expect: Expect,
                  opts: dict[str, Any]) -> None:
         self.url, self.folder, self.name, self.expect = url, folder, name, expect
         self.progress: bool = opts["progress"]
@@ -312,7 +252,7 @@ class _Job:
         """The file name from Content-Disposition, else the (final) URL's last part."""
         suggested = resp.headers.get_filename()
         if suggested is not None:
-            if _name_or_none(suggested) is None:
+            if name_or_none(suggested) is None:
                 raise self.fail(f"server suggested an unsafe file name {suggested!r}")
             return suggested
         name = _url_name(urllib.parse.urlsplit(resp.geturl()).path) or self.url.name
@@ -377,8 +317,8 @@ class _Job:
         if want is not None and size != want:
             self.part.unlink(missing_ok=True)
             raise self.fail(f"size mismatch for {self.name}: expected {want}, got {size}")
-        digests = _hash_file(self.part, md5=self.expect.md5 is not None)
-        problem = _mismatch(digests, self.expect)
+        digests = self.expect.digests_of(self.part)
+        problem = self.expect.mismatch(digests)
         if problem is not None:
             self.part.unlink(missing_ok=True)
             raise self.fail(f"checksum mismatch for {self.name}: {problem}")
@@ -412,11 +352,8 @@ def download(
     """
     parsed = _parse_url(url)
     if filename is not None:
-        _check_name(filename)
-    if size is not None and size < 0:
-        raise ValueError("size must be >= 0")
-    expect = _Expect(_normalise_digest(sha256, 64, "sha256"),
-                     _normalise_digest(md5, 32, "md5"), size)
+        check_name(filename)
+    expect = Expect.given(sha256, md5, size)
     folder = Path(dest) if dest is not None else Path.cwd()
     folder.mkdir(parents=True, exist_ok=True)
     guess = filename or parsed.name
