@@ -27,6 +27,9 @@ _LAZY_ATTRIBUTES = {
     "download": "ipycloud.runtime.storage.download",
     "extract": "ipycloud.runtime.storage.extract",
     "sync": "ipycloud.runtime.storage.sync",
+    "BackgroundSync": "ipycloud.runtime.storage.background",
+    "kaggle_download": "ipycloud.runtime.storage.kaggle",
+    "gdrive_download": "ipycloud.runtime.storage.gdrive",
 }
 
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]

@@ -9,9 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
+from gdrive_server import FakeDrive, _drive_certificates, gdrive_server  # noqa: F401
 from http_server import LoopbackServer, http_server  # noqa: F401
 from IPython.core.error import UsageError
+from kaggle_server import KaggleServer, kaggle_server, make_zip  # noqa: F401
 
+from ipycloud.runtime.storage.gdrive import GdriveResult
+from ipycloud.runtime.storage.kaggle import KaggleResult
 from ipycloud.runtime.storage.mount import MountResult
 from ipycloud.runtime.storage.sync import SyncReport
 
@@ -98,6 +102,15 @@ def test_sync_now_and_in_the_background(shell, local_home: Path, tmp_path: Path)
     ("sync {tmp}/src {tmp}/dst --every soon", "'soon' is not a duration"),
     ("sync {tmp}/src {tmp}/dst --every 1m --dry-run", "--dry-run and --every do not go"),
     ("status extra", "expected 0 argument(s), got extra"),
+    ("kaggle a/b c/d", "expected 1 argument(s), got a/b c/d"),
+    ("kaggle not/a/valid/handle", "kaggle:"),
+    ("kaggle alice", "kaggle:"),
+    ("kaggle --competition", "--competition does not apply to mount"),
+    ("gdrive", "expected 1 argument(s), got nothing"),
+    ("gdrive https://example.org/file/d/abc", "gdrive:"),
+    ("download https://example.org/x.zip --competition", "--competition does not apply"),
+    ("sync {tmp}/src {tmp}/dst --extract", "--extract does not apply to sync"),
+    ("local --sha256 00", "--sha256 does not apply to mount"),
     ("drive", "drive storage is not available on Local machine"),
     ("local --project ../up", "invalid project name '../up'"),
 ])
@@ -112,3 +125,36 @@ def test_bad_lines_give_one_line_usage_errors(shell, local_home: Path, tmp_path:
 def test_help_page_has_examples(shell) -> None:
     doc = shell.find_line_magic("mount_storage").__doc__
     assert "Examples" in doc and "%mount_storage sync outputs" in doc and "--sha256" in doc
+
+
+def test_kaggle_dataset_into_the_project_then_skipped(
+        shell, local_home: Path, kaggle_server: KaggleServer,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    kaggle_server.add_user("alice", "0123456789abcdef0123456789abcdef")
+    monkeypatch.setenv("KAGGLE_USERNAME", "alice")
+    monkeypatch.setenv("KAGGLE_KEY", "0123456789abcdef0123456789abcdef")
+    kaggle_server.add_dataset("alice/iris", make_zip({"iris.csv": b"sepal,petal\n"}))
+    mounted = shell.run_line_magic("mount_storage", "--project flowers")
+    result = shell.run_line_magic("mount_storage", "kaggle alice/iris")
+    assert isinstance(result, KaggleResult) and not result.skipped
+    assert result.path == mounted.project / "data/kaggle/alice/iris"
+    assert (result.path / "iris.csv").read_bytes() == b"sepal,petal\n"
+    again = shell.run_line_magic("mount_storage", "kaggle alice/iris")
+    assert again.skipped and again.path == result.path
+    assert "0123456789abcdef" not in str(again) + repr(again)
+
+
+def test_gdrive_file_by_share_link_is_verified(
+        shell, local_home: Path, gdrive_server: FakeDrive, tmp_path: Path) -> None:  # noqa: F811
+    shared = gdrive_server.add_file("weights.bin", b"drive bytes")
+    digest = hashlib.sha256(b"drive bytes").hexdigest()
+    link = f"https://drive.google.com/file/d/{shared.id}/view?usp=sharing"
+    result = shell.run_line_magic("mount_storage",
+                                  f"gdrive {link} --sha256 {digest} --dest {tmp_path / 'w'}")
+    assert isinstance(result, GdriveResult) and result.sha256 == digest
+    assert (tmp_path / "w/weights.bin").read_bytes() == b"drive bytes"
+    with pytest.raises(UsageError, match="checksum mismatch") as caught:
+        shell.run_line_magic("mount_storage", f"gdrive {shared.id} --sha256 {'0' * 64} "
+                                              f"--dest {tmp_path / 'bad'} --force")
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "bad/weights.bin").exists()

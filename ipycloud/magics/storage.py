@@ -16,10 +16,19 @@ from ipycloud.magics._display import Notice
 if TYPE_CHECKING:
     import argparse
 
-    from ipycloud.runtime.storage.sync import BackgroundSync
+    from ipycloud.runtime.storage.background import BackgroundSync
 
 MOUNT_KINDS = ("auto", "drive", "kaggle", "local")
-ACTIONS = (*MOUNT_KINDS, "download", "sync", "status")
+ACTIONS = (*MOUNT_KINDS, "gdrive", "download", "sync", "status")
+# The options each use of the magic takes; any other option given is refused.
+OPTIONS = {
+    "mount": {"project", "force"},
+    "kaggle download": {"competition", "force", "dest"},
+    "gdrive": {"force", "dest", "sha256", "md5"},
+    "download": {"dest", "sha256", "md5", "extract"},
+    "sync": {"delete", "checksum", "dry_run", "every"},
+    "status": set(),
+}
 
 
 @magics_class
@@ -32,9 +41,13 @@ class StorageMagics(Magics):
 
     @magic_arguments()
     @argument("action", nargs="?", default="auto", choices=ACTIONS, help="what to do")
-    @argument("operands", nargs="*", help="download: URL; sync: SRC DST")
+    @argument("operands", nargs="*",
+              help="download: URL; kaggle: OWNER/DATASET or a competition; gdrive: ID or "
+                   "share link; sync: SRC DST")
     @argument("--project", help="project folder name (mount)")
-    @argument("--force", action="store_true", help="remount Drive, mending a stale mount")
+    @argument("--force", action="store_true",
+              help="remount Drive, mending a stale mount; kaggle, gdrive: download again")
+    @argument("--competition", action="store_true", help="kaggle: a competition's data")
     @argument("--dest", help="download folder (default: the project's data/, else ./data)")
     @argument("--sha256", help="expected SHA-256 of the download")
     @argument("--md5", help="expected MD5 of the download")
@@ -66,6 +79,14 @@ class StorageMagics(Magics):
 
             %mount_storage download https://example.org/data.tar.gz --sha256 9f86d0... --extract
 
+        A Kaggle dataset or competition's data (through kagglehub, with the credentials
+        from KAGGLE_USERNAME/KAGGLE_KEY, ~/.kaggle/kaggle.json or the project folder), and
+        a Google Drive file or folder shared by link (through gdown)::
+
+            %mount_storage kaggle zynicide/wine-reviews
+            %mount_storage kaggle titanic --competition
+            %mount_storage gdrive https://drive.google.com/file/d/1AbC.../view --sha256 9f86d0...
+
         Copy results to persistent storage now, or every 10 minutes in the background::
 
             %mount_storage sync outputs /content/drive/MyDrive/ipycloud/default/outputs
@@ -79,13 +100,21 @@ class StorageMagics(Magics):
         from ipycloud.runtime.messages import one_line
         from ipycloud.runtime.storage.download import DownloadError
         from ipycloud.runtime.storage.extract import UnsafeArchiveError
+        from ipycloud.runtime.storage.gdrive import GdriveError
+        from ipycloud.runtime.storage.kaggle_credentials import KaggleError
         from ipycloud.runtime.storage.mount import MountError
 
+        use = ("kaggle download" if args.action == "kaggle" and args.operands else
+               "mount" if args.action in MOUNT_KINDS else args.action)
+        _refuse_other_options(args, use)
         try:
-            if args.action in MOUNT_KINDS:
+            if use == "kaggle download":
+                return self._kaggle(args)
+            if use == "mount":
                 return self._mount(args)
             return getattr(self, f"_{args.action}")(args)
-        except (ValueError, OSError, MountError, DownloadError, UnsafeArchiveError) as error:
+        except (ValueError, OSError, ImportError, MountError, DownloadError, UnsafeArchiveError,
+                KaggleError, GdriveError) as error:
             raise UsageError(f"%mount_storage {args.action}: {one_line(error)}") from None
 
     def _mount(self, args: argparse.Namespace) -> Any:
@@ -112,8 +141,24 @@ class StorageMagics(Magics):
                 text += f", refused {len(report.refused)}: {'; '.join(report.refused)}"
         return Notice(text)
 
+    def _kaggle(self, args: argparse.Namespace) -> Any:
+        from ipycloud.runtime.storage.kaggle import kaggle_download
+
+        (handle,) = _expect(args.operands, 1,
+                            "%mount_storage kaggle OWNER/DATASET [--competition] [--force]")
+        return kaggle_download(handle, args.dest, competition=args.competition,
+                               force=args.force)
+
+    def _gdrive(self, args: argparse.Namespace) -> Any:
+        from ipycloud.runtime.storage.gdrive import gdrive_download
+
+        (link,) = _expect(args.operands, 1, "%mount_storage gdrive ID_OR_LINK [--sha256 H]")
+        return gdrive_download(link, args.dest, sha256=args.sha256, md5=args.md5,
+                               force=args.force)
+
     def _sync(self, args: argparse.Namespace) -> Any:
-        from ipycloud.runtime.storage.sync import BackgroundSync, sync
+        from ipycloud.runtime.storage.background import BackgroundSync
+        from ipycloud.runtime.storage.sync import sync
         from ipycloud.runtime.units import parse_duration
 
         source, target = _expect(args.operands, 2, "%mount_storage sync SRC DST")
@@ -147,6 +192,17 @@ class StorageMagics(Magics):
 
         mounted = last_mount()
         return mounted.project / "data" if mounted else Path("data")
+
+
+def _refuse_other_options(args: argparse.Namespace, use: str) -> None:
+    """UsageError naming the first option given that ``use`` does not take."""
+    for name, value in vars(args).items():
+        if name in ("action", "operands") or value in (None, False):
+            continue
+        if name not in OPTIONS[use]:
+            option = "--" + name.replace("_", "-")
+            raise UsageError(f"%mount_storage: {option} does not apply to {use} (see "
+                             "%mount_storage? for usage)")
 
 
 def _expect(operands: list[str], count: int, usage: str) -> list[str]:
