@@ -5,10 +5,12 @@ from __future__ import annotations
 from IPython.core.interactiveshell import InteractiveShell
 
 from ipycloud.magics.checkpoint import CheckpointMagics
+from ipycloud.magics.dashboard import DashboardMagics
 from ipycloud.magics.gpuinfo import GpuInfoMagics
+from ipycloud.magics.keepalive import KeepaliveMagics
 from ipycloud.magics.storage import StorageMagics
 
-MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics)
+MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, KeepaliveMagics)
 
 
 def register_all(ipython: InteractiveShell) -> None:

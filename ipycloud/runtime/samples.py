@@ -1,0 +1,64 @@
+"""One reading of the machine's resources, as the background sampler takes it every second.
+
+Sizes are bytes, percentages 0-100, temperatures degrees Celsius, power watts, times
+``time.time()`` seconds. A figure the machine cannot give is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU: NVML's figures, and torch's caching allocator when torch already uses CUDA."""
+
+    index: int  # the CUDA ordinal as this process sees it
+    name: str
+    utilization: float | None
+    memory_used: int | None
+    memory_total: int | None
+    temperature: float | None
+    power_draw_w: float | None
+    power_limit_w: float | None
+    torch_allocated: int | None = None  # torch.cuda.memory_allocated(index)
+    torch_reserved: int | None = None  # torch.cuda.memory_reserved(index)
+
+    @property
+    def memory_fraction(self) -> float | None:
+        """Used over total memory, 0-1."""
+        if self.memory_used is None or not self.memory_total:
+            return None
+        return self.memory_used / self.memory_total
+
+
+@dataclass(frozen=True, slots=True)
+class DiskSample:
+    """The file system holding one folder that matters (``working``, ``persistent``)."""
+
+    role: str
+    path: str
+    total: int
+    used: int
+    free: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Everything one tick of the sampler reads."""
+
+    time: float
+    cpu_percent: float  # of the CPUs this process may use, 0-100
+    ram_used: int  # by the container when a cgroup limit applies, else by the host
+    ram_limit: int  # the cgroup limit, else the host's physical memory
+    ram_available: int  # what can still be allocated under that limit
+    swap_used: int
+    swap_total: int
+    process_rss: int  # this kernel process's resident memory
+    disks: tuple[DiskSample, ...] = ()
+    gpus: tuple[GpuSample, ...] = ()
+
+    @property
+    def ram_fraction(self) -> float:
+        """Used over the limit, 0-1."""
+        return self.ram_used / self.ram_limit if self.ram_limit else 0.0
