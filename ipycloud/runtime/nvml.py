@@ -14,9 +14,11 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import psutil
+
+from ipycloud.runtime.samples import GpuSample
 
 T = TypeVar("T")
 
@@ -94,11 +96,12 @@ class NvmlUnavailable(Exception):
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _failure: str | None = None
+_generation = 0  # successful nvmlInit calls so far: handles from an earlier one may be stale
 
 
 def _nvml() -> ModuleType:
     """The initialised pynvml module; initialises NVML on first use and remembers a failure."""
-    global _module, _failure
+    global _module, _failure, _generation
     with _lock:
         if _module is not None:
             return _module
@@ -118,6 +121,7 @@ def _nvml() -> ModuleType:
             _failure = f"NVML unavailable: {error}"
             raise NvmlUnavailable(_failure) from None
         _module = pynvml
+        _generation += 1
         return _module
 
 
@@ -194,6 +198,31 @@ def snapshot(with_processes: bool = True) -> GpuSnapshot:
         nvml = _nvml()
     except NvmlUnavailable as error:
         return GpuSnapshot(None, None, (), 0, str(error))
+    found = _look_up(nvml)
+    devices = tuple(
+        _device(nvml, found.handles[nvml_index], cuda_index, nvml_index, found.uuids[nvml_index],
+                found.migs[nvml_index], with_processes)
+        for cuda_index, nvml_index in enumerate(found.order)
+    )
+    return GpuSnapshot(
+        driver_version=_text(nvml, nvml.nvmlSystemGetDriverVersion),
+        cuda_driver_version=_cuda_version(_query(nvml, nvml.nvmlSystemGetCudaDriverVersion)),
+        devices=devices,
+        hidden=len(found.handles) - len(found.order),
+        unavailable_reason=None,
+    )
+
+
+class _Devices(NamedTuple):
+    """Every GPU on the machine, by NVML index, and which of them this process sees."""
+
+    handles: list[Any]
+    uuids: list[str | None]
+    migs: list[tuple[MigDevice, ...]]
+    order: list[int]  # NVML indices in CUDA ordinal order, after CUDA_VISIBLE_DEVICES
+
+
+def _look_up(nvml: ModuleType) -> _Devices:
     count = _query(nvml, nvml.nvmlDeviceGetCount) or 0
     handles = [_query(nvml, nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
     uuids = [_text(nvml, nvml.nvmlDeviceGetUUID, handle) for handle in handles]
@@ -203,18 +232,7 @@ def snapshot(with_processes: bool = True) -> GpuSnapshot:
         uuids,
         [[mig.uuid for mig in instances if mig.uuid] for instances in migs],
     )
-    devices = tuple(
-        _device(nvml, handles[nvml_index], cuda_index, nvml_index, uuids[nvml_index],
-                migs[nvml_index], with_processes)
-        for cuda_index, nvml_index in enumerate(order)
-    )
-    return GpuSnapshot(
-        driver_version=_text(nvml, nvml.nvmlSystemGetDriverVersion),
-        cuda_driver_version=_cuda_version(_query(nvml, nvml.nvmlSystemGetCudaDriverVersion)),
-        devices=devices,
-        hidden=count - len(order),
-        unavailable_reason=None,
-    )
+    return _Devices(handles, uuids, migs, order)
 
 
 def _text(nvml: ModuleType, function: Callable[..., Any], *args: Any) -> str | None:
@@ -300,3 +318,54 @@ def _process_name(pid: int) -> str | None:
         return psutil.Process(pid).name()
     except (psutil.Error, OSError):
         return None
+
+
+class GpuReader:
+    """The live figures of every visible GPU, read as cheaply as NVML allows.
+
+    Handles, names and power limits are looked up once per NVML initialisation; each
+    reading then makes four NVML calls per GPU. Not thread-safe: one reader per thread.
+    """
+
+    def __init__(self) -> None:
+        self._generation = 0  # NVML's initialisation the devices were looked up in; 0: none
+        # (CUDA ordinal, handle, name, enforced power limit in W)
+        self._devices: tuple[tuple[int, Any, str, float | None], ...] = ()
+
+    def read(self) -> tuple[GpuSample, ...]:
+        """Utilisation, memory, temperature and power of each GPU; () without NVML.
+
+        Never raises: a figure a GPU does not give (or a GPU that stopped answering) is None.
+        """
+        try:
+            nvml = _nvml()
+        except NvmlUnavailable:
+            return ()
+        if self._generation != _generation:
+            found = _look_up(nvml)
+            handles = [found.handles[nvml_index] for nvml_index in found.order]
+            self._devices = tuple(
+                (cuda_index, handle,
+                 _text(nvml, nvml.nvmlDeviceGetName, handle) or f"GPU {cuda_index}",
+                 _scaled(_query(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1000))
+                for cuda_index, handle in enumerate(handles)
+            )
+            self._generation = _generation
+        return tuple(_reading(nvml, *device) for device in self._devices)
+
+
+def _reading(nvml: ModuleType, index: int, handle: Any, name: str,
+             power_limit_w: float | None) -> GpuSample:
+    memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    rates = _query(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
+    return GpuSample(
+        index=index,
+        name=name,
+        utilization=None if rates is None else rates.gpu,
+        memory_used=None if memory is None else memory.used,
+        memory_total=None if memory is None else memory.total,
+        temperature=_query(nvml, nvml.nvmlDeviceGetTemperature, handle,
+                           nvml.NVML_TEMPERATURE_GPU),
+        power_draw_w=_scaled(_query(nvml, nvml.nvmlDeviceGetPowerUsage, handle), 1000),
+        power_limit_w=power_limit_w,
+    )
