@@ -1,0 +1,77 @@
+"""What ``%keepalive status`` shows: the session's clock, its limit, and what the guard did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ipycloud.runtime.guard_settings import format_seconds
+from ipycloud.runtime.units import format_duration
+
+
+@dataclass(frozen=True)
+class GuardStatus:
+    """A snapshot of the session guard; ``str()`` gives the text shown in the notebook."""
+
+    running: bool
+    platform: str
+    elapsed_s: float  # since the kernel process started
+    limit_s: float | None
+    limit_source: str  # "as given", "Google Colab's limit", or why none is known
+    next_warning_s: float | None  # elapsed seconds of the next warning point
+    warnings_s: tuple[float, ...]
+    interval_s: float | None  # between activity pings; None while stopped
+    kernel_pings: int | None  # None: not in a Jupyter kernel
+    browser_pings: int | None  # None: no browser ping
+    sigterm: str
+    actions: tuple[str, ...]
+    last_run: str | None
+    notices: tuple[str, ...]
+
+    @property
+    def time_left_s(self) -> float | None:
+        """Seconds until the session limit (negative once passed); None without a limit."""
+        return None if self.limit_s is None else self.limit_s - self.elapsed_s
+
+    def lines(self) -> list[str]:
+        """The status as lines of text."""
+        return [self._state(), self._clock(), f"next warning: {self._next_warning()}",
+                f"SIGTERM: {self.sigterm}",
+                f"deadline actions: {', '.join(self.actions) or 'none registered'}",
+                f"last run: {self.last_run or 'none yet'}",
+                *(["notices:"] + [f"  {notice}" for notice in self.notices]
+                  if self.notices else [])]
+
+    def _state(self) -> str:
+        if not self.running or self.interval_s is None:
+            return "keepalive: stopped (start it with %keepalive start)"
+        kernel = ("not in a Jupyter kernel, nothing to ping" if self.kernel_pings is None
+                  else f"{self.kernel_pings} kernel pings sent")
+        browser = "" if self.browser_pings is None else f", {self.browser_pings} browser pings"
+        return (f"keepalive: running, a ping every {format_seconds(self.interval_s)} "
+                f"({kernel}{browser})")
+
+    def _clock(self) -> str:
+        elapsed = f"elapsed {format_duration(self.elapsed_s)}"
+        if self.limit_s is None or self.time_left_s is None:
+            return f"{self.platform}: {elapsed}; session limit: {self.limit_source}"
+        left = (f"{format_duration(self.time_left_s)} left" if self.time_left_s > 0
+                else "the limit has passed")
+        return (f"{self.platform}: {elapsed} of {format_seconds(self.limit_s)} "
+                f"({self.limit_source}), {left}")
+
+    def _next_warning(self) -> str:
+        if self.limit_s is None:
+            return "none (no session limit)"
+        if self.next_warning_s is None:
+            return "none left" if self.warnings_s else "none asked for"
+        before = format_seconds(self.limit_s - self.next_warning_s)
+        wait = self.next_warning_s - self.elapsed_s
+        return (f"in {format_duration(wait)} ({before} before the limit)" if wait > 0
+                else f"now ({before} before the limit)")
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
