@@ -2,9 +2,199 @@
 
 from __future__ import annotations
 
-from IPython.core.magic import Magics, magics_class
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from ipycloud.magics._arguments import parse_line
+from ipycloud.magics._display import Notice
+
+if TYPE_CHECKING:
+    import argparse
+
+    from ipycloud.runtime.cells import CellRecorder
+    from ipycloud.widgets.dashboard import Dashboard
+
+ACTIONS = ("cells", "report", "stop")
+# The options each use of the magic takes ("live": no action word); any other is refused.
+OPTIONS = {
+    "live": {"interval", "history", "text", "cells"},
+    "cells": set(),
+    "report": {"json", "csv", "instance"},
+    "stop": set(),
+}
+DEFAULT_INTERVAL = "1"
+DEFAULT_HISTORY = "5m"
 
 
 @magics_class
 class DashboardMagics(Magics):
     """Live resource dashboards, per-cell resource use and the usage report."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self._dashboards: list[Dashboard] = []
+        self._recorder: CellRecorder | None = None
+
+    @magic_arguments()
+    @argument("action", nargs="?", choices=ACTIONS,
+              help="cells: the per-cell table; report: the usage and cost report; stop: stop "
+                   "this notebook's dashboards and recording (none: a live dashboard)")
+    @argument("--interval", help=f"seconds between updates (default {DEFAULT_INTERVAL})")
+    @argument("--history", help=f"how far back the sparklines reach, e.g. 90s, 10m (default "
+                                f"{DEFAULT_HISTORY})")
+    @argument("--text", action="store_true",
+              help="print one reading as text instead (no ipywidgets needed)")
+    @argument("--cells", action="store_true",
+              help="also record each cell's wall time, peak RAM and peak GPU memory")
+    @argument("--json", action="store_true", help="report: as JSON")
+    @argument("--csv", metavar="FILE", help="report: write it to FILE as CSV")
+    @argument("--instance", metavar="KEY",
+              help="report: price the run as this instance of the price table")
+    @line_magic
+    def dashboard(self, line: str = "") -> Any:
+        """Watch the GPUs, CPU, RAM and disks live, per cell, and as a usage and cost report.
+
+        The live panel has a row per GPU (utilisation and memory bars, temperature, power
+        and a sparkline), one for the CPU, one for RAM against the container's limit and
+        one per disk. Memory and disk bars turn amber from 80% of their limit and red from
+        90%. The panel updates from one background thread shared by every dashboard, even
+        while other cells run; its Stop button (or ``%dashboard stop``) ends it. A click
+        while a cell runs takes effect when the cell ends. Starting a dashboard also starts
+        session monitoring, which ``%dashboard report`` totals.
+
+        Examples
+        --------
+        A live panel, updated every second, with sparklines of the last 5 minutes::
+
+            %dashboard
+            %dashboard --interval 0.5 --history 10m
+
+        Without ipywidgets (or in a terminal), one reading as text::
+
+            %dashboard --text
+
+        Record what each cell uses, then show the table::
+
+            %dashboard --cells
+            %dashboard cells
+
+        The usage and cost report of the session, priced as another instance, or saved::
+
+            %dashboard report
+            %dashboard report --instance aws:g5.xlarge
+            %dashboard report --json
+            %dashboard report --csv usage.csv
+
+        Stop every dashboard of this notebook and the per-cell recording::
+
+            %dashboard stop
+        """
+        args = parse_line(self.dashboard, line)
+        from ipycloud.runtime.messages import one_line
+
+        use = args.action or "live"
+        _refuse_other_options(args, use)
+        try:
+            return getattr(self, f"_{use}")(args)
+        except (ValueError, OSError) as error:
+            raise UsageError(f"%dashboard{'' if use == 'live' else ' ' + use}: "
+                             f"{one_line(error)}") from None
+
+    def _live(self, args: argparse.Namespace) -> Any:
+        from ipycloud.runtime._optional import require
+
+        if args.text:
+            if args.interval or args.history:
+                raise ValueError("--interval and --history are for the live panel, not --text")
+            return self._text(args.cells)
+        interval = _seconds("--interval", args.interval or DEFAULT_INTERVAL)
+        history = _seconds("--history", args.history or DEFAULT_HISTORY)
+        try:
+            require("ipywidgets", "widgets")
+        except ImportError as error:
+            raise UsageError(f"%dashboard: {error}; or run %dashboard --text for a one-shot "
+                             "text view") from None
+        from ipycloud.widgets.dashboard import live_dashboard
+
+        dashboard = live_dashboard(interval, history)
+        self._dashboards.append(dashboard)
+        if args.cells:
+            self._record_cells()
+        return dashboard
+
+    def _text(self, cells: bool) -> Notice:
+        from ipycloud.runtime.readings import ram_limit_name
+        from ipycloud.runtime.sampler import shared_sampler
+        from ipycloud.runtime.textview import text_view
+
+        sample = shared_sampler().sample_now()
+        text = text_view(sample, ram_limit_name(sample))
+        if cells:
+            self._record_cells()
+            text += "\nrecording each cell's resource use: %dashboard cells shows the table"
+        return Notice(text)
+
+    def _record_cells(self) -> None:
+        from ipycloud.runtime.cells import CellRecorder
+        from ipycloud.runtime.monitoring import start_monitoring
+
+        if self._recorder is None:
+            self._recorder = CellRecorder(self.shell, start_monitoring())
+        self._recorder.start()
+
+    def _cells(self, args: argparse.Namespace) -> Any:
+        if self._recorder is None:
+            raise ValueError("no cells recorded: start recording with %dashboard --cells")
+        return self._recorder.table()
+
+    def _report(self, args: argparse.Namespace) -> Any:
+        from ipycloud.runtime.report import JsonReport
+        from ipycloud.runtime.usage import usage_report
+
+        if args.json and args.csv:
+            raise ValueError("--json and --csv do not go together: pick one")
+        report = usage_report(instance=args.instance)
+        if args.csv:
+            report.to_csv(args.csv)
+            return Notice(f"wrote the usage report to {args.csv}")
+        # JsonReport wants an EnvironmentReport; any report with to_dict() does
+        return JsonReport(report) if args.json else report  # type: ignore[arg-type]
+
+    def _stop(self, args: argparse.Namespace) -> Notice:
+        from ipycloud.runtime.monitoring import stop_monitoring
+
+        live = [dashboard for dashboard in self._dashboards if dashboard.active]
+        for dashboard in self._dashboards:
+            dashboard.stop()
+        self._dashboards.clear()
+        recording = self._recorder is not None and self._recorder.recording
+        if self._recorder is not None:
+            self._recorder.stop()
+        stop_monitoring()
+        done = [f"stopped {len(live)} dashboard(s)"]
+        if recording:
+            done.append("per-cell recording (%dashboard cells still shows the table)")
+        return Notice(f"{' and '.join(done)}; the background sampler stops unless something "
+                      "else uses it")
+
+
+def _seconds(option: str, text: str) -> float:
+    from ipycloud.runtime.units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise ValueError(f"{option}: {error}") from None
+
+
+def _refuse_other_options(args: argparse.Namespace, use: str) -> None:
+    """UsageError naming the first option given that ``use`` does not take."""
+    for name, value in vars(args).items():
+        if name == "action" or value in (None, False) or name in OPTIONS[use]:
+            continue
+        where = "a live dashboard" if use == "live" else use
+        raise UsageError(f"%dashboard: --{name} does not apply to {where} (see %dashboard? "
+                         "for usage)")

@@ -1,0 +1,154 @@
+"""The live resource panel: a row per GPU, CPU, RAM and disk, fed by the shared sampler.
+
+Every dashboard is one subscription to a sampler, so any number of them share its one
+thread. The panel's widgets are all built when the dashboard is made, from one reading
+taken then; the sampler thread afterwards only sets traits of those widgets (never
+displays, never creates a widget), and only traits whose value changed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+
+from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.readings import Reading, ram_limit_name, readings
+from ipycloud.runtime.units import format_duration
+from ipycloud.widgets.rows import RowWidgets, set_changed
+from ipycloud.widgets.sparkline import Trace
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.sampler import Sampler, Subscription
+    from ipycloud.runtime.samples import Sample
+
+MIN_INTERVAL = 0.1  # s: faster than a browser can usefully redraw the panel
+MAX_INTERVAL = 3600.0
+MAX_HISTORY = 86400.0
+DEFAULT_HISTORY = 300.0
+# A sample this close (as a fraction of the interval) to the last one shown is skipped, so
+# a dashboard keeps its own pace while a faster subscriber drives the shared sampler.
+PACE_TOLERANCE = 0.9
+
+
+class Dashboard:
+    """A live panel of the machine's resources; display it (it is a widget) and ``start()``."""
+
+    def __init__(self, sampler: Sampler, *, interval: float = 1.0,
+                 history: float = DEFAULT_HISTORY) -> None:
+        check_pace(interval, history)
+        self.sampler = sampler
+        self.interval = interval
+        self.history = history
+        first = sampler.sample_now()
+        self._ram_limit_name = ram_limit_name(first)
+        self._traces: dict[str, Trace] = {}
+        self.rows: dict[str, RowWidgets] = {}
+        for reading in readings(first, self._ram_limit_name):
+            self.rows[reading.key] = RowWidgets(reading)
+            if reading.traced:
+                self._traces[reading.key] = Trace(history, len(reading.gauges))
+        for past in sampler.history(since=first.time - history):
+            self._record(past)
+        self._lock = threading.Lock()
+        self._subscription: Subscription | None = None
+        self._last_shown: float | None = None
+        self.status = widgets.Label("not started")
+        self.stop_button = widgets.Button(description="Stop", icon="stop",
+                                          tooltip="stop updating this dashboard")
+        self.stop_button.on_click(lambda _button: self.stop())
+        header = widgets.HBox([widgets.HTML("<b>ipycloud</b>"), self.status, self.stop_button])
+        self.widget = widgets.VBox([header, *(row.box for row in self.rows.values())])
+        self.update(first)
+
+    @property
+    def cpu_bar(self) -> Any:
+        """The CPU row's bar (a ``FloatProgress``, 0-100)."""
+        return self.rows["cpu"].bars[0]
+
+    @property
+    def ram_bar(self) -> Any:
+        """The RAM row's bar (a ``FloatProgress``, 0-100)."""
+        return self.rows["ram"].bars[0]
+
+    @property
+    def active(self) -> bool:
+        """Whether the panel is updating."""
+        return self._subscription is not None and self._subscription.active
+
+    def start(self) -> Dashboard:
+        """Subscribe to the sampler (starting its thread if needed); harmless when active."""
+        with self._lock:
+            if not self.active:
+                self._subscription = self.sampler.subscribe(self.update, interval=self.interval)
+                set_changed(self.stop_button, disabled=False)
+                set_changed(self.status, value=f"live, every {self.interval:g} s; history "
+                                               f"{format_duration(self.history)}")
+        return self
+
+    def stop(self, why: str = "stopped") -> None:
+        """Cancel this panel's subscription (others on the sampler go on) and say ``why``."""
+        with self._lock:
+            if self._subscription is not None:
+                self._subscription.cancel()
+            set_changed(self.stop_button, disabled=True)
+            set_changed(self.status, value=why)
+
+    def update(self, sample: Sample) -> None:
+        """Show ``sample`` (the subscription's callback, run on the sampler thread)."""
+        if (self._last_shown is not None
+                and sample.time - self._last_shown < self.interval * PACE_TOLERANCE):
+            return
+        self._last_shown = sample.time
+        try:
+            for reading in self._record(sample):
+                row = self.rows.get(reading.key)
+                trace = self._traces.get(reading.key)
+                if row is not None:  # a GPU or disk that appeared later has no row
+                    row.show(reading, trace.svg(_title(reading, self.history)) if trace else None)
+        except Exception as error:
+            set_changed(self.status, value=f"stopped by an error: {one_line(error)}")
+            raise  # the sampler removes this subscription and reports it
+
+    def _record(self, sample: Sample) -> list[Reading]:
+        """The sample's readings, added to the sparklines' traces."""
+        rows = readings(sample, self._ram_limit_name)
+        for reading in rows:
+            trace = self._traces.get(reading.key)
+            if trace is not None:
+                trace.add(sample.time, [gauge.percent for gauge in reading.gauges])
+        return rows
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        """The panel where widgets render; elsewhere (a terminal) one line saying what it is."""
+        return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": repr(self)}
+
+    def __repr__(self) -> str:
+        state = "live" if self.active else "stopped"
+        return f"<Dashboard {state}, every {self.interval:g} s, rows {', '.join(self.rows)}>"
+
+
+def check_pace(interval: float, history: float) -> None:
+    """ValueError (one line) unless the interval and history are sensible for a panel."""
+    if not (math.isfinite(interval) and MIN_INTERVAL <= interval <= MAX_INTERVAL):
+        raise ValueError(f"the interval must be from {MIN_INTERVAL:g} to {MAX_INTERVAL:g} "
+                         f"seconds, not {interval:g}")
+    if not (math.isfinite(history) and interval < history <= MAX_HISTORY):
+        raise ValueError(f"the history must be longer than the interval ({interval:g} s) and "
+                         f"at most {format_duration(MAX_HISTORY)}, not {history:g} s")
+
+
+def live_dashboard(interval: float = 1.0, history: float = DEFAULT_HISTORY) -> Dashboard:
+    """Start session monitoring and a dashboard on its sampler; display the result."""
+    from ipycloud.runtime.monitoring import start_monitoring
+
+    check_pace(interval, history)  # before monitoring starts: a mistake changes nothing
+    return Dashboard(start_monitoring(), interval=interval, history=history).start()
+
+
+def _title(reading: Reading, history: float) -> str:
+    names = " (blue) and ".join(gauge.name for gauge in reading.gauges)
+    suffix = " (orange)" if len(reading.gauges) > 1 else ""
+    return f"{reading.label}: {names}{suffix}, last {format_duration(history)}"
