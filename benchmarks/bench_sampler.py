@@ -25,7 +25,8 @@ import psutil
 
 from ipycloud.runtime import nvml
 from ipycloud.runtime.cgroup import read_cgroup_limits
-from ipycloud.runtime.sampler import Probe, _memory, shared_sampler
+from ipycloud.runtime.probe import Probe, _memory
+from ipycloud.runtime.sampler import shared_sampler
 from ipycloud.runtime.samples import Sample
 
 RESULTS = Path(__file__).parent / "results" / "sampler.json"

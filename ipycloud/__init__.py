@@ -30,6 +30,15 @@ _LAZY_ATTRIBUTES = {
     "BackgroundSync": "ipycloud.runtime.storage.background",
     "kaggle_download": "ipycloud.runtime.storage.kaggle",
     "gdrive_download": "ipycloud.runtime.storage.gdrive",
+    "start_monitoring": "ipycloud.runtime.monitoring",
+    "stop_monitoring": "ipycloud.runtime.monitoring",
+    "shared_sampler": "ipycloud.runtime.sampler",
+    "usage_report": "ipycloud.runtime.usage",
+    "live_dashboard": "ipycloud.widgets.dashboard",
+    "SessionGuard": "ipycloud.runtime.session",
+    "GuardSettings": "ipycloud.runtime.guard_settings",
+    "register_action": "ipycloud.runtime.deadline",
+    "unregister_action": "ipycloud.runtime.deadline",
 }
 
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]

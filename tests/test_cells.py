@@ -16,6 +16,7 @@ import pytest
 from fake_nvml import BOARDS
 from IPython.core.interactiveshell import InteractiveShell
 from test_kernel import execute, outputs
+from waiting import wait_for
 
 from ipycloud.runtime.cells import CellRecord, CellRecorder, CellTable, excerpt, format_change
 from ipycloud.runtime.sampler import Sampler
@@ -31,13 +32,6 @@ def run(shell: InteractiveShell, source: str) -> None:
 
 def last(recorder: CellRecorder) -> CellRecord:
     return recorder.records[-1]
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 class ScriptedProbe:

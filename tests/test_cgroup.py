@@ -1,4 +1,5 @@
-"""read_cgroup_limits on fake cgroup trees under tmp_path, laid out as the kernel shows them."""
+"""read_cgroup_limits and cgroup_usage on fake cgroup trees under tmp_path, laid out as the
+kernel shows them."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
+from ipycloud.runtime.cgroup import CgroupLimits, cgroup_usage, read_cgroup_limits
 
+MIB = 2**20
 GIB = 2**30
 V1_NO_LIMIT = "9223372036854771712\n"  # what cgroup v1 writes for "unlimited"
 
@@ -136,7 +138,50 @@ def test_to_dict_is_json_serialisable(tmp_path: Path) -> None:
     assert data == {"version": 2, "memory_limit": 4 * GIB, "memory_usage": None, "cpu_limit": 0.5}
 
 
+def test_v2_usage_is_read_at_each_call_from_the_nearest_level(tmp_path: Path) -> None:
+    make_v2(tmp_path, {
+        "cpu.stat": "usage_usec 2500000\nuser_usec 2000000\n",  # only at the top
+        "job.slice/memory.current": "1\n",
+        "job.slice/task/memory.current": f"{700 * MIB}\n",
+        "job.slice/task/memory.stat": f"active_file {100 * MIB}\ninactive_file {200 * MIB}\n",
+    }, self_path="/job.slice/task")
+    memory, cpu_time = cgroup_usage(2, tmp_path)
+    assert memory is not None and cpu_time is not None
+    assert memory.used() == 500 * MIB  # page cache that can be dropped does not count
+    assert cpu_time.seconds() == 2.5
+    write(tmp_path, "sys/fs/cgroup/job.slice/task/memory.stat", f"inactive_file {GIB}\n")
+    write(tmp_path, "sys/fs/cgroup/cpu.stat", "usage_usec 3000000\n")
+    assert memory.used() == 0  # never below nothing
+    assert cpu_time.seconds() == 3.0
+    (tmp_path / "sys/fs/cgroup/job.slice/task/memory.stat").unlink()
+    assert memory.used() == 700 * MIB
+    write(tmp_path, "sys/fs/cgroup/job.slice/task/memory.current", "max\n")
+    write(tmp_path, "sys/fs/cgroup/cpu.stat", "user_usec 1\n")
+    assert memory.used() is None and cpu_time.seconds() is None
+
+
+def test_v1_usage_from_the_controller_trees(tmp_path: Path) -> None:
+    make_v1(tmp_path, "4:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n", {
+        "memory/docker/abc/memory.usage_in_bytes": f"{GIB}\n",
+        "memory/docker/abc/memory.stat": f"cache {300 * MIB}\ntotal_inactive_file {256 * MIB}\n",
+        "cpu,cpuacct/cpuacct.usage": "1500000000\n",  # no folder for the process: the top's
+    })
+    memory, cpu_time = cgroup_usage(1, tmp_path)
+    assert memory is not None and cpu_time is not None
+    assert memory.used() == GIB - 256 * MIB
+    assert cpu_time.seconds() == 1.5
+
+
+@pytest.mark.parametrize("version", [2, None])
+def test_usage_without_usage_files_has_no_readers(tmp_path: Path, version: int | None) -> None:
+    make_v2(tmp_path, {"memory.max": f"{GIB}\n"})
+    assert cgroup_usage(version, tmp_path) == (None, None)
+
+
 def test_real_machine_does_not_raise() -> None:
     limits = read_cgroup_limits()
     assert limits.version in (None, 1, 2)
     assert limits.memory_limit is None or limits.memory_limit > 0
+    memory, cpu_time = cgroup_usage(limits.version)
+    assert memory is None or (memory.used() or 0) >= 0
+    assert cpu_time is None or (cpu_time.seconds() or 0.0) >= 0

@@ -19,6 +19,7 @@ import traitlets
 from fake_nvml import BOARDS, FakeBoard
 from IPython.core.error import UsageError
 from test_kernel import execute, outputs
+from waiting import wait_for
 
 from ipycloud.runtime import usage
 from ipycloud.runtime.readings import DANGER_AT, WARNING_AT, level, ram_limit_name, readings
@@ -31,13 +32,6 @@ from ipycloud.widgets.sparkline import HEIGHT, WIDTH, Trace, sparkline_svg
 
 GIB = 2**30
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 class ScriptedProbe:
@@ -130,7 +124,7 @@ def test_the_panel_follows_the_sampler(sampler) -> None:
 def test_gpu_rows_come_from_nvml_through_take_sample(sampler, board) -> None:
     t4 = dataclasses.replace(BOARDS["1xT4"].gpus[0])  # a copy this test may change
     board(FakeBoard([t4, dataclasses.replace(t4, uuid=t4.uuid[:-1] + "9")]))
-    from ipycloud.runtime.sampler import take_sample
+    from ipycloud.runtime.probe import take_sample
 
     dashboard = Dashboard(sampler(take_sample, interval=0.1), interval=0.1, history=60).start()
     assert list(dashboard.rows)[:2] == ["gpu0", "gpu1"]

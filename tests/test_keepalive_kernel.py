@@ -21,6 +21,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.jsonutil import json_default
 from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
+from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import CheckpointManager
 
@@ -33,13 +34,6 @@ optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
 model(torch.randn(8, 4)).sum().backward()
 optimizer.step()
 """
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @contextmanager
@@ -118,7 +112,7 @@ def test_a_shortened_deadline_runs_the_actions_once_per_warning(tmp_path: Path) 
             "%keepalive start --interval 1 --limit $limit --warn 3s,1s", timeout=60,
             output_hook=lambda message: None)
         assert start["content"]["status"] == "ok"
-        wait_until(lambda: folder.is_dir() and len(CheckpointManager(folder).list()) == 2,
+        wait_for(lambda: folder.is_dir() and len(CheckpointManager(folder).list()) == 2,
                    20, "a checkpoint per warning point")
         # The notices reach the frontend from the guard's threads, attached to the latest
         # cell (here %keepalive start): on stderr, and as updates of the magic's own output.
@@ -126,7 +120,7 @@ def test_a_shortened_deadline_runs_the_actions_once_per_warning(tmp_path: Path) 
         assert stderr.count("running the deadline actions now") == 2
         assert stderr.count("ok - checkpoint auto: checkpoint step-") == 2
         assert "last run: deadline actions (" in updates[-1]
-        wait_until(lambda: "the limit has passed" in run(client, "%keepalive status"), 20,
+        wait_for(lambda: "the limit has passed" in run(client, "%keepalive status"), 20,
                    "the session limit to pass")
         status = run(client, "%keepalive status")
         assert [info.step for info in CheckpointManager(folder).list()] == [0, 1]
@@ -199,7 +193,7 @@ class Server:
             except OSError:
                 return False
 
-        wait_until(answers, 60, "the jupyter server to answer")
+        wait_for(answers, 60, "the jupyter server to answer")
 
     def kernels(self) -> dict[str, dict[str, Any]]:
         return {model["id"]: model for model in self.api("kernels")}
@@ -273,8 +267,8 @@ def test_keepalive_keeps_a_kernel_from_being_culled(server: Server) -> None:
         activity.append(kernels[guarded]["last_activity"])
         return control not in kernels
 
-    wait_until(control_culled, 30, "the control kernel to be culled")
-    wait_until(lambda: control_culled() and time.monotonic() - quiet_since > 2 * CULL_AFTER,
+    wait_for(control_culled, 30, "the control kernel to be culled")
+    wait_for(lambda: control_culled() and time.monotonic() - quiet_since > 2 * CULL_AFTER,
                30, "twice the cull timeout")
     kernels = server.kernels()
     assert kernels[guarded]["execution_state"] == "idle"  # not spared for being busy

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +17,14 @@ import psutil
 import pynvml as real
 import pytest
 from test_cgroup import make_v1, make_v2, write
+from waiting import wait_for
 
-from ipycloud.runtime.sampler import Probe, Sampler, shared_sampler, take_sample
+from ipycloud.runtime.probe import Probe, take_sample
+from ipycloud.runtime.sampler import Sampler, shared_sampler
 from ipycloud.runtime.samples import GpuSample, Sample
 
 MIB = 2**20
 GIB = 2**30
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def waiting(sampler: Sampler) -> bool:
@@ -173,6 +167,25 @@ def test_cancel_is_idempotent_and_the_thread_ends_with_the_last_subscription() -
     second.cancel()
     wait_for(lambda: not sampler.running)
     assert not second.active
+
+
+def test_subscribers_counts_the_active_subscriptions() -> None:
+    gate = threading.Event()
+    sampler = Sampler(interval=0.005, probe=CountingProbe(gate=gate))
+    assert sampler.subscribers == 0
+    first, second = sampler.subscribe(Collector()), sampler.subscribe(Collector(), interval=1)
+    broken = sampler.subscribe(lambda sample: 1 / 0)
+    assert sampler.subscribers == 3
+    first.cancel()
+    first.cancel()
+    assert sampler.subscribers == 2
+    gate.set()
+    wait_for(lambda: not broken.active)  # removed for raising
+    assert sampler.subscribers == 1 and second.active
+    sampler.stop()
+    assert sampler.subscribers == 0
+    with pytest.raises(AttributeError):
+        sampler.subscribers = 1  # type: ignore[misc]
 
 
 def test_a_subscriber_can_cancel_itself_from_the_sampler_thread() -> None:
@@ -433,7 +446,7 @@ def test_torch_figures_only_once_torch_uses_cuda(board, monkeypatch) -> None:
 
 
 def test_take_sample_never_imports_torch() -> None:
-    code = ("import sys; from ipycloud.runtime.sampler import take_sample; take_sample(); "
+    code = ("import sys; from ipycloud.runtime.probe import take_sample; take_sample(); "
             "print('torch' in sys.modules, 'psutil' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)

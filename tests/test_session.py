@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from waiting import wait_for
 
 from ipycloud.runtime import deadline
 from ipycloud.runtime.activity import CALLBACK, BrowserActivity
@@ -26,14 +27,6 @@ from ipycloud.runtime.session import (
     register_action,
     unregister_action,
 )
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    """Poll ``condition`` until it is true; fail after ``timeout`` seconds."""
-    deadline_at = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline_at, "timed out waiting"
-        time.sleep(0.01)
 
 
 def keepalive_threads() -> list[threading.Thread]:
@@ -75,9 +68,9 @@ def test_each_warning_point_runs_the_actions_exactly_once(guard: SessionGuard,
     shown: list[str] = []
     guard.notify = shown.append
     guard.start(GuardSettings(interval_s=0.05, limit_s=2.0, warnings_s=(1.5, 0.5)))
-    wait_until(lambda: len(calls) == 2)
+    wait_for(lambda: len(calls) == 2)
     assert calls[0] >= 0.5 and calls[1] >= 1.5  # not before the points (limit - 1.5 s, - 0.5 s)
-    wait_until(lambda: guard.elapsed() > 2.3)  # past the limit: nothing more runs
+    wait_for(lambda: guard.elapsed() > 2.3)  # past the limit: nothing more runs
     assert len(calls) == 2
     status = guard.status()
     assert status.next_warning_s is None and "next warning: none left" in str(status)
@@ -94,8 +87,8 @@ def test_points_already_passed_at_start_run_the_actions_once(actions: Any) -> No
     late = SessionGuard(started_at=time.time() - 100)  # both points passed long ago
     try:
         late.start(GuardSettings(interval_s=0.05, limit_s=90, warnings_s=(30, 10)))
-        wait_until(lambda: calls)
-        wait_until(lambda: any("the session limit has passed" in n for n in late.notices))
+        wait_for(lambda: calls)
+        wait_for(lambda: any("the session limit has passed" in n for n in late.notices))
         late.start(GuardSettings(interval_s=0.05, limit_s=90, warnings_s=(30, 10)))  # replace
         time.sleep(0.2)  # several passes of the thread: a point fired again would show by now
         assert late.status().next_warning_s is None and calls == [1]
@@ -221,7 +214,7 @@ def test_stop_restores_the_sigterm_handler_exactly(guard: SessionGuard) -> None:
         assert len(keepalive_threads()) == 1 and guard.status().interval_s == 2
         guard.stop()
         assert signal.getsignal(signal.SIGTERM) is handler
-        wait_until(lambda: not keepalive_threads())
+        wait_for(lambda: not keepalive_threads())
 
 
 def test_sigterm_runs_the_actions_then_chains_to_the_previous_handler(
@@ -241,7 +234,7 @@ def test_sigterm_runs_the_actions_then_chains_to_the_previous_handler(
     actions("save", save_and_signal_again)
     guard.start(GuardSettings(interval_s=60))
     os.kill(os.getpid(), signal.SIGTERM)
-    wait_until(lambda: received)  # the handler runs on this (main) thread
+    wait_for(lambda: received)  # the handler runs on this (main) thread
     assert ran == ["saved"] and received == [signal.SIGTERM]
     assert not guard.running and signal.getsignal(signal.SIGTERM) is previous
     assert any("SIGTERM: running the deadline actions" in notice for notice in guard.notices)
@@ -256,12 +249,12 @@ def test_sigterm_waits_no_longer_than_the_grace_period(guard: SessionGuard,
     actions("stuck", lambda: release.wait(10))
     guard.start(GuardSettings(interval_s=60, grace_s=0.2))
     os.kill(os.getpid(), signal.SIGTERM)
-    wait_until(lambda: received)
+    wait_for(lambda: received)
     assert any("did not finish within 0.2 s; ending anyway" in notice for notice in guard.notices)
     run = deadline.last_run()
     assert run is not None and not run.done.is_set()  # still running, abandoned by SIGTERM
     release.set()
-    wait_until(run.done.is_set)
+    wait_for(run.done.is_set)
 
 
 def test_start_off_the_main_thread_cannot_guard_sigterm(guard: SessionGuard) -> None:
@@ -392,7 +385,7 @@ def test_keepalive_magic_start_status_stop(shell: InteractiveShell) -> None:
     assert str(shell.run_line_magic("keepalive", "stop")) == (
         "keepalive stopped: no more pings or warnings, SIGTERM handler restored")
     assert signal.getsignal(signal.SIGTERM) is before
-    wait_until(lambda: not keepalive_threads())
+    wait_for(lambda: not keepalive_threads())
     assert str(shell.run_line_magic("keepalive", "stop")) == "keepalive was not running"
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from ipycloud.runtime.storage import background as background_module
 from ipycloud.runtime.storage import transfer as transfer_module
@@ -328,24 +328,14 @@ def test_report_displays_its_summary(src: Path, tmp_path: Path) -> None:
     assert report.summary().startswith(f"{len(FILES)} copied, 0 updated, 0 deleted, 0 unchanged")
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 1.0) -> bool:
-    """Poll a zero-argument callable until it is true or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_background_sync_follows_changes(src: Path, tmp_path: Path) -> None:
     dst = tmp_path / "dst"
     background = BackgroundSync(src, dst, every_s=0.2).start()
     try:
         assert background.running
-        assert _wait_for(lambda: (dst / "a.txt").exists())
+        assert wait_for(lambda: (dst / "a.txt").exists())
         (src / "fresh.txt").write_text("fresh")
-        assert _wait_for(lambda: (dst / "fresh.txt").exists())
+        assert wait_for(lambda: (dst / "fresh.txt").exists())
     finally:
         (src / "last.txt").write_text("last")
         report = background.stop()
@@ -362,7 +352,7 @@ def test_background_error_is_kept_and_raised_on_stop(
     background = BackgroundSync(src, blocker / "dst", every_s=0.2)
     with caplog.at_level(logging.ERROR, logger=background_module.__name__):
         background.start()
-        assert _wait_for(lambda: background.last_error is not None)
+        assert wait_for(lambda: background.last_error is not None)
     assert isinstance(background.last_error, OSError)
     assert "background sync" in caplog.text
     with pytest.raises(OSError):
@@ -375,8 +365,26 @@ def test_background_stop_raises_kept_error_even_after_recovery(
     blocker = tmp_path / "blocker"
     blocker.write_text("a file, not a folder")
     background = BackgroundSync(src, blocker / "dst", every_s=0.2).start()
-    assert _wait_for(lambda: background.last_error is not None)
+    assert wait_for(lambda: background.last_error is not None)
     blocker.unlink()
     with pytest.raises(OSError):
         background.stop(final=True)
     assert (blocker / "dst" / "a.txt").exists()
+
+
+def test_a_running_background_sync_is_a_deadline_action(src: Path, tmp_path: Path) -> None:
+    """Before the session ends (%keepalive) every running background sync runs once more."""
+    from ipycloud.runtime import deadline
+
+    dst = tmp_path / "dst"
+    background = BackgroundSync(src, dst, every_s=3600).start()
+    try:
+        assert wait_for(lambda: (dst / "a.txt").exists())
+        assert background.action_name in deadline.registered_actions()
+        (src / "late.txt").write_text("written after the first run")
+        run = deadline.run_actions("test deadline")
+        assert run.failures == []
+        assert (dst / "late.txt").read_text() == "written after the first run"
+    finally:
+        background.stop(final=False)
+    assert background.action_name not in deadline.registered_actions()

@@ -17,3 +17,18 @@ def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
         return parse_argstring(magic, line)
     except (UsageError, ValueError) as error:  # ValueError: shlex on an unclosed quote
         raise UsageError(f"%{name}: {error} (see %{name}? for usage)") from None
+
+
+def refuse_options(magic: Callable[..., Any], args: argparse.Namespace, allowed: set[str],
+                   where: str) -> None:
+    """UsageError naming the first option given that does not apply to ``where``.
+
+    Every parsed name other than the positional ``action`` and ``operands`` is an option;
+    one left at its default (None or False) counts as not given.
+    """
+    name = magic.__name__
+    for option, value in vars(args).items():
+        if option in ("action", "operands") or value in (None, False) or option in allowed:
+            continue
+        flag = "--" + option.replace("_", "-")
+        raise UsageError(f"%{name}: {flag} does not apply to {where} (see %{name}? for usage)")

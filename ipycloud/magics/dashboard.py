@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import parse_line
+from ipycloud.magics._arguments import parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -96,7 +96,8 @@ class DashboardMagics(Magics):
         from ipycloud.runtime.messages import one_line
 
         use = args.action or "live"
-        _refuse_other_options(args, use)
+        refuse_options(self.dashboard, args, OPTIONS[use],
+                       "a live dashboard" if use == "live" else use)
         try:
             return getattr(self, f"_{use}")(args)
         except (ValueError, OSError) as error:
@@ -160,11 +161,11 @@ class DashboardMagics(Magics):
         if args.csv:
             report.to_csv(args.csv)
             return Notice(f"wrote the usage report to {args.csv}")
-        # JsonReport wants an EnvironmentReport; any report with to_dict() does
-        return JsonReport(report) if args.json else report  # type: ignore[arg-type]
+        return JsonReport(report) if args.json else report
 
     def _stop(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.monitoring import stop_monitoring
+        from ipycloud.runtime.sampler import shared_sampler
 
         live = [dashboard for dashboard in self._dashboards if dashboard.active]
         for dashboard in self._dashboards:
@@ -177,8 +178,10 @@ class DashboardMagics(Magics):
         done = [f"stopped {len(live)} dashboard(s)"]
         if recording:
             done.append("per-cell recording (%dashboard cells still shows the table)")
-        return Notice(f"{' and '.join(done)}; the background sampler stops unless something "
-                      "else uses it")
+        others = shared_sampler().subscribers
+        sampler = ("the background sampler has stopped" if others == 0 else
+                   f"the background sampler keeps running for {others} other user(s)")
+        return Notice(f"{' and '.join(done)}; {sampler}")
 
 
 def _seconds(option: str, text: str) -> float:
@@ -188,13 +191,3 @@ def _seconds(option: str, text: str) -> float:
         return parse_duration(text)
     except ValueError as error:
         raise ValueError(f"{option}: {error}") from None
-
-
-def _refuse_other_options(args: argparse.Namespace, use: str) -> None:
-    """UsageError naming the first option given that ``use`` does not take."""
-    for name, value in vars(args).items():
-        if name == "action" or value in (None, False) or name in OPTIONS[use]:
-            continue
-        where = "a live dashboard" if use == "live" else use
-        raise UsageError(f"%dashboard: --{name} does not apply to {where} (see %dashboard? "
-                         "for usage)")

@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import parse_line
+from ipycloud.magics._arguments import parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class StorageMagics(Magics):
 
         use = ("kaggle download" if args.action == "kaggle" and args.operands else
                "mount" if args.action in MOUNT_KINDS else args.action)
-        _refuse_other_options(args, use)
+        refuse_options(self.mount_storage, args, OPTIONS[use], use)
         try:
             if use == "kaggle download":
                 return self._kaggle(args)
@@ -192,17 +192,6 @@ class StorageMagics(Magics):
 
         mounted = last_mount()
         return mounted.project / "data" if mounted else Path("data")
-
-
-def _refuse_other_options(args: argparse.Namespace, use: str) -> None:
-    """UsageError naming the first option given that ``use`` does not take."""
-    for name, value in vars(args).items():
-        if name in ("action", "operands") or value in (None, False):
-            continue
-        if name not in OPTIONS[use]:
-            option = "--" + name.replace("_", "-")
-            raise UsageError(f"%mount_storage: {option} does not apply to {use} (see "
-                             "%mount_storage? for usage)")
 
 
 def _expect(operands: list[str], count: int, usage: str) -> list[str]:

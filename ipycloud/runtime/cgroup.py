@@ -2,8 +2,9 @@
 
 A notebook in Docker or Kubernetes sees the host's RAM and cores in ``/proc``; the limits
 it actually runs under live in ``/sys/fs/cgroup``. Both cgroup v2 (one unified tree) and
-v1 (one tree per controller) are read. Nothing here raises: a missing, unreadable or
-garbled file gives a None field.
+v1 (one tree per controller) are read, once for the limits (``read_cgroup_limits``) and
+at each sample for the usage (``cgroup_usage``). Nothing here raises: a missing, unreadable
+or garbled file gives a None field.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from ipycloud.runtime._files import is_dir, is_file, read_text
 
@@ -22,6 +23,7 @@ _SELF_CGROUP = "proc/self/cgroup"
 # anything this large is not a real limit.
 _V1_UNLIMITED = 2**60
 _V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+_V1_CPUACCT_MOUNTS = ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")
 
 _N = TypeVar("_N", int, float)
 
@@ -42,11 +44,82 @@ class CgroupLimits:
 
 def read_cgroup_limits(root: str | os.PathLike[str] = "/") -> CgroupLimits:
     """Read the limits of this process's cgroup; ``root`` redirects where files are looked up."""
-    base = Path(root)
-    mount = base / _MOUNT
+    mount, self_cgroup = _locate(root)
     if is_file(mount / "cgroup.controllers"):
-        return _read_v2(mount, read_text(base / _SELF_CGROUP) or "")
-    return _read_v1(mount, read_text(base / _SELF_CGROUP) or "")
+        return _read_v2(mount, self_cgroup)
+    return _read_v1(mount, self_cgroup)
+
+
+class CgroupMemory:
+    """The container's memory in use: charged memory less reclaimable page cache.
+
+    That is the working set ``docker stats`` and the kubelet show, and what counts towards
+    the OOM killer. The files are found once; each reading opens two small files.
+    """
+
+    def __init__(self, usage_file: Path, stat_file: Path, inactive_key: str) -> None:
+        self._usage_file, self._stat_file, self._inactive_key = usage_file, stat_file, inactive_key
+
+    def used(self) -> int | None:
+        """Bytes in use now; None when the usage file cannot be read."""
+        usage = _parse_count(read_text(self._usage_file))
+        if usage is None:
+            return None
+        inactive = _stat_value(read_text(self._stat_file), self._inactive_key) or 0
+        return max(usage - inactive, 0)
+
+
+class CgroupCpuTime:
+    """The CPU time the container has used since it started, from its usage counter file."""
+
+    def __init__(self, usage_file: Path, per_second: float) -> None:
+        self._usage_file, self._per_second = usage_file, per_second  # counter units per second
+
+    def seconds(self) -> float | None:
+        """CPU seconds used so far; None when the counter cannot be read."""
+        count = _stat_value(read_text(self._usage_file), "usage_usec")
+        return None if count is None else count / self._per_second
+
+
+class CgroupUsage(NamedTuple):
+    """Readers of what this process's cgroup uses now; None where its files are not there."""
+
+    memory: CgroupMemory | None
+    cpu_time: CgroupCpuTime | None
+
+
+def cgroup_usage(version: int | None, root: str | os.PathLike[str] = "/") -> CgroupUsage:
+    """Find the memory and CPU usage files of this process's cgroup, of ``version`` 2 or 1.
+
+    ``version`` is ``read_cgroup_limits(root).version``; the files are found once, and each
+    reader opens them at every call.
+    """
+    mount, self_cgroup = _locate(root)
+    if version == 2:
+        folders = _v2_folders(mount, self_cgroup)
+        memory = next((f for f in folders if is_file(f / "memory.current")), None)
+        cpu = next((f / "cpu.stat" for f in folders if is_file(f / "cpu.stat")), None)
+        return CgroupUsage(
+            None if memory is None else
+            CgroupMemory(memory / "memory.current", memory / "memory.stat", "inactive_file"),
+            None if cpu is None else CgroupCpuTime(cpu, 1e6))  # cpu.stat counts microseconds
+    if version == 1:
+        paths = _v1_paths(self_cgroup)
+        memory_dir = _v1_folder(mount, ("memory",), paths.get("memory", "/"))
+        cpu_dir = _v1_folder(mount, _V1_CPUACCT_MOUNTS, paths.get("cpuacct", "/"))
+        return CgroupUsage(
+            None if memory_dir is None else
+            CgroupMemory(memory_dir / "memory.usage_in_bytes", memory_dir / "memory.stat",
+                         "total_inactive_file"),
+            None if cpu_dir is None else
+            CgroupCpuTime(cpu_dir / "cpuacct.usage", 1e9))  # cpuacct.usage counts nanoseconds
+    return CgroupUsage(None, None)
+
+
+def _locate(root: str | os.PathLike[str]) -> tuple[Path, str]:
+    """The cgroup mount under ``root`` and the text of this process's cgroup file there."""
+    base = Path(root)
+    return base / _MOUNT, read_text(base / _SELF_CGROUP) or ""
 
 
 def _read_v2(mount: Path, self_cgroup: str) -> CgroupLimits:
@@ -124,6 +197,20 @@ def _parse_count(text: str | None) -> int | None:
     """A non-negative decimal integer, or None for "max", "-1", empty or garbage text."""
     stripped = (text or "").strip()
     return int(stripped) if stripped.isascii() and stripped.isdigit() else None
+
+
+def _stat_value(text: str | None, key: str) -> int | None:
+    """``key``'s number in a ``key value`` file such as memory.stat, or a bare number file."""
+    if text is None:
+        return None
+    stripped = text.strip()
+    if stripped.isdigit():
+        return int(stripped)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return _parse_count(value)
+    return None
 
 
 def _tightest(values: Iterable[_N | None]) -> _N | None:

@@ -244,6 +244,34 @@ def _scaled(value: float | None, divisor: float) -> float | None:
     return None if value is None else value / divisor
 
 
+class _Live(NamedTuple):
+    """The figures of a GPU that change from moment to moment; None where it gives none."""
+
+    memory_total: int | None  # bytes
+    memory_used: int | None  # bytes
+    memory_free: int | None  # bytes
+    utilization_gpu: int | None  # percent
+    utilization_memory: int | None  # percent
+    temperature_c: int | None
+    power_draw_w: float | None
+
+
+def _live(nvml: ModuleType, handle: Any) -> _Live:
+    """Memory, utilisation, temperature and power draw: four NVML calls."""
+    memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    rates = _query(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
+    return _Live(
+        memory_total=None if memory is None else memory.total,
+        memory_used=None if memory is None else memory.used,
+        memory_free=None if memory is None else memory.free,
+        utilization_gpu=None if rates is None else rates.gpu,
+        utilization_memory=None if rates is None else rates.memory,
+        temperature_c=_query(nvml, nvml.nvmlDeviceGetTemperature, handle,
+                             nvml.NVML_TEMPERATURE_GPU),
+        power_draw_w=_scaled(_query(nvml, nvml.nvmlDeviceGetPowerUsage, handle), 1000),
+    )
+
+
 def _device(
     nvml: ModuleType,
     handle: Any,
@@ -253,8 +281,7 @@ def _device(
     mig_devices: tuple[MigDevice, ...],
     with_processes: bool,
 ) -> GpuInfo:
-    memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
-    rates = _query(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
+    live = _live(nvml, handle)
     pci = _query(nvml, nvml.nvmlDeviceGetPciInfo, handle)
     capability = _query(nvml, nvml.nvmlDeviceGetCudaComputeCapability, handle)
     mig_mode = _query(nvml, nvml.nvmlDeviceGetMigMode, handle)
@@ -264,14 +291,13 @@ def _device(
         name=_text(nvml, nvml.nvmlDeviceGetName, handle),
         uuid=uuid,
         pci_bus_id=None if pci is None else _decode(pci.busId),
-        memory_total=None if memory is None else memory.total,
-        memory_used=None if memory is None else memory.used,
-        memory_free=None if memory is None else memory.free,
-        utilization_gpu=None if rates is None else rates.gpu,
-        utilization_memory=None if rates is None else rates.memory,
-        temperature_c=_query(nvml, nvml.nvmlDeviceGetTemperature, handle,
-                             nvml.NVML_TEMPERATURE_GPU),
-        power_draw_w=_scaled(_query(nvml, nvml.nvmlDeviceGetPowerUsage, handle), 1000),
+        memory_total=live.memory_total,
+        memory_used=live.memory_used,
+        memory_free=live.memory_free,
+        utilization_gpu=live.utilization_gpu,
+        utilization_memory=live.utilization_memory,
+        temperature_c=live.temperature_c,
+        power_draw_w=live.power_draw_w,
         power_limit_w=_scaled(_query(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1000),
         clock_sm_mhz=_query(nvml, nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
         clock_sm_max_mhz=_query(nvml, nvml.nvmlDeviceGetMaxClockInfo, handle, nvml.NVML_CLOCK_SM),
@@ -356,16 +382,14 @@ class GpuReader:
 
 def _reading(nvml: ModuleType, index: int, handle: Any, name: str,
              power_limit_w: float | None) -> GpuSample:
-    memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
-    rates = _query(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
+    live = _live(nvml, handle)
     return GpuSample(
         index=index,
         name=name,
-        utilization=None if rates is None else rates.gpu,
-        memory_used=None if memory is None else memory.used,
-        memory_total=None if memory is None else memory.total,
-        temperature=_query(nvml, nvml.nvmlDeviceGetTemperature, handle,
-                           nvml.NVML_TEMPERATURE_GPU),
-        power_draw_w=_scaled(_query(nvml, nvml.nvmlDeviceGetPowerUsage, handle), 1000),
+        utilization=live.utilization_gpu,
+        memory_used=live.memory_used,
+        memory_total=live.memory_total,
+        temperature=live.temperature_c,
+        power_draw_w=live.power_draw_w,
         power_limit_w=power_limit_w,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from ipycloud.runtime.hardware import Snapshot, take_snapshot
 from ipycloud.runtime.nvml import GpuInfo
@@ -176,10 +176,16 @@ class EnvironmentReport:
         return "<div class='ipycloud'>" + "".join(parts) + "</div>"
 
 
-class JsonReport:
-    """The report as JSON: a JSON tree in JupyterLab, indented text elsewhere."""
+class Reportable(Protocol):
+    """Anything that can give its content as a JSON-able dict."""
 
-    def __init__(self, report: EnvironmentReport) -> None:
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class JsonReport:
+    """A report as JSON: a JSON tree in JupyterLab, indented text elsewhere."""
+
+    def __init__(self, report: Reportable) -> None:
         self.data = report.to_dict()
 
     def __str__(self) -> str:

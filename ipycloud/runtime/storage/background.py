@@ -7,6 +7,7 @@ import logging
 import threading
 from typing import Any
 
+from ipycloud.runtime.deadline import register_action, unregister_action
 from ipycloud.runtime.storage.sync import PathArg, SyncReport, check_pair, sync
 
 __all__ = ["BackgroundSync"]
@@ -17,8 +18,10 @@ _log = logging.getLogger(__name__)
 class BackgroundSync:
     """Sync ``src`` to ``dst`` every ``every_s`` seconds in a daemon thread.
 
-    A final sync runs at ``stop()`` and at interpreter exit. An error in the background is
-    logged and kept in ``last_error``; ``stop()`` raises it. The thread never prints.
+    A final sync runs at ``stop()``, at interpreter exit, and as a deadline action of the
+    session guard (``%keepalive``: before the session limit and on SIGTERM) while it runs.
+    An error in the background is logged and kept in ``last_error``; ``stop()`` raises it.
+    The thread never prints.
     """
 
     def __init__(self, src: PathArg, dst: PathArg, every_s: float, **sync_options: Any) -> None:
@@ -45,8 +48,19 @@ class BackgroundSync:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="ipycloud-sync", daemon=True)
         atexit.register(self._at_exit)
+        register_action(self.action_name, self.sync_now)
         self._thread.start()
         return self
+
+    @property
+    def action_name(self) -> str:
+        """Its name among the session guard's deadline actions."""
+        return f"sync {self.src} -> {self.dst}"
+
+    def sync_now(self) -> SyncReport:
+        """Sync once now, in the calling thread; errors are raised, not kept."""
+        self.last_report = sync(self.src, self.dst, **self.options)
+        return self.last_report
 
     def stop(self, final: bool = True) -> SyncReport | None:
         """Stop the thread, then sync once more unless ``final`` is False.
@@ -58,8 +72,9 @@ class BackgroundSync:
             self._thread.join()
             self._thread = None
         atexit.unregister(self._at_exit)
+        unregister_action(self.action_name)
         if final:
-            self.last_report = sync(self.src, self.dst, **self.options)
+            self.sync_now()
         if self._unreported and self.last_error is not None:
             self._unreported = False
             raise self.last_error
@@ -79,7 +94,7 @@ class BackgroundSync:
     def _run_once(self) -> None:
         """One background sync, its error kept rather than lost."""
         try:
-            self.last_report = sync(self.src, self.dst, **self.options)
+            self.sync_now()
         except Exception as error:  # kept for stop() and shown in the log
             self.last_error, self._unreported = error, True
             _log.error("background sync %s -> %s failed: %s", self.src, self.dst, error)
