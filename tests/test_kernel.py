@@ -64,6 +64,11 @@ EXPECTED_OUTPUT = {
                          "['dataset/test.csv', 'dataset/train.csv']",
                          "is already present and valid", "1 copied, 0 updated, 0 deleted",
                          "free space there:", "background sync: <BackgroundSync running"],
+    "05-monitoring.ipynb": ["resources at", "<Dashboard live, every 0.5 s", "final loss",
+                            "samples so far", "this process's resident memory (RSS)",
+                            "GPU-hours", "'instance': 'aws:g4dn.xlarge'",
+                            "deadline actions", "2 checkpoint(s) in guarded-checkpoints",
+                            "the background sampler has stopped"],
 }
 
 
