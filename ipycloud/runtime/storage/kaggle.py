@@ -147,7 +147,7 @@ def _parse_handle(handle: object, competition: bool) -> _Handle:
         version = int(parts[3]) if len(parts) == 4 else None
         return _Handle(str(handle), parts[1], parts[0], version)
     raise ValueError(f"invalid Kaggle dataset handle {handle!r}: use OWNER/DATASET or "
-                     "OWNER/DATASET/versions/N (competition=True for a competition slug)")
+                     "OWNER/DATASET/versions/N (a competition: --competition, or competition=True)")
 
 
 def _destination(h: _Handle, dest: str | os.PathLike[str] | None) -> Path:
