@@ -3,8 +3,9 @@
 It prints the environment report, then (when torch is installed) trains a small model on
 synthetic data with ``ipycloud.fit`` on the best local device and precision, kills the
 training process with SIGKILL after a few checkpoints, reruns it so that it resumes by
-itself, and checks that the result equals an uninterrupted run bit for bit. Everything
-happens in a temporary folder, which is removed at the end.
+itself, and checks that the result equals an uninterrupted run bit for bit, while the
+background sampler of ``%dashboard`` watches the machine. Everything happens in a
+temporary folder, which is removed at the end.
 """
 
 from __future__ import annotations
@@ -32,12 +33,32 @@ def run_demo(say: Say = print) -> int:
         say("\ntorch is not installed: pip install 'ipycloud[torch]' to see a training run "
             "survive a kill and resume bit for bit.")
         return 0
-    with tempfile.TemporaryDirectory(prefix="ipycloud-demo-") as folder:
-        say(f"\nTraining with ipycloud.fit, in the temporary folder {folder}:")
-        matches = _train_kill_resume(Path(folder), say)
-    say("\nIn a notebook: %load_ext ipycloud, then %gpuinfo, %checkpoint? and "
-        "ipycloud.fit? for help.")
+    from ipycloud.runtime.monitoring import start_monitoring, stop_monitoring
+
+    start_monitoring(interval=0.5)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ipycloud-demo-") as folder:
+            say(f"\nTraining with ipycloud.fit, in the temporary folder {folder}:")
+            matches = _train_kill_resume(Path(folder), say)
+        say(_usage_line())
+    finally:
+        stop_monitoring()
+    say("\nIn a notebook: %load_ext ipycloud, then %gpuinfo, %dashboard, %checkpoint?, "
+        "%mount_storage?, %keepalive? and ipycloud.fit? for help.")
     return 0 if matches else 1
+
+
+def _usage_line() -> str:
+    """What the background sampler saw during the runs, as %dashboard report totals it."""
+    from ipycloud.runtime.units import format_bytes, format_duration
+    from ipycloud.runtime.usage import usage_report
+
+    usage = usage_report().to_dict()
+    gpus = f", {usage['gpu_hours']:.3f} GPU-hours" if usage["gpu_count"] else ""
+    return (f"- meanwhile the background sampler took {usage['samples']} readings over "
+            f"{format_duration(usage['duration_s'])}: CPU {usage['cpu_average_percent']:.0f}% "
+            f"on average, {usage['cpu_peak_percent']:.0f}% at peak; RAM at most "
+            f"{format_bytes(usage['ram_peak'])} of {format_bytes(usage['ram_limit'])}{gpus}")
 
 
 def _train_kill_resume(folder: Path, say: Say) -> bool:

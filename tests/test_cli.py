@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,10 @@ def test_console_script_runs_demo() -> None:
     assert "was killed with SIGKILL (exit status -9)" in result.stdout
     assert "- the same command again: resuming from step-0000000" in result.stdout
     assert "equal the uninterrupted run's, bit for bit: True" in result.stdout
+    readings = re.search(r"background sampler took (\d+) readings over .*: CPU (\d+)% on "
+                         r"average, (\d+)% at peak; RAM at most", result.stdout)
+    assert readings is not None, result.stdout
+    assert int(readings[1]) >= 5 and int(readings[3]) > 0  # the training runs were seen
     assert not list(Path(tempfile.gettempdir()).glob("ipycloud-demo-*"))  # cleaned up
 
 
