@@ -427,3 +427,22 @@ def test_bad_magic_lines_give_one_line(shell: InteractiveShell, line: str, messa
         shell.run_line_magic("keepalive", line)
     assert str(raised.value) == message
     assert signal.getsignal(signal.SIGTERM) is before and not keepalive_threads()
+
+
+@pytest.mark.parametrize(("pings", "last_ago", "shown"), [
+    (3, 12.0, "3 browser pings, the last 12 s ago"),
+    (0, None, "0 browser pings (none yet: is the notebook tab open?)"),
+])
+def test_status_says_when_the_browser_last_pinged(pings: int, last_ago: float | None,
+                                                 shown: str) -> None:
+    """A closed or sleeping Colab tab stops pinging: the status shows how long ago it last did."""
+    from ipycloud.runtime.guard_status import GuardStatus
+
+    status = GuardStatus(
+        running=True, platform="Google Colab", elapsed_s=600.0, limit_s=43200.0,
+        limit_source="Google Colab's limit", next_warning_s=42300.0, warnings_s=(900.0,),
+        interval_s=60.0, kernel_pings=10, browser_pings=pings,
+        browser_last_ping=None if last_ago is None else time.time() - last_ago,
+        sigterm="guarded", actions=(), last_run=None, notices=())
+    assert status.lines()[0] == ("keepalive: running, a ping every 1 min "
+                                 f"(10 kernel pings sent, {shown})")

@@ -48,7 +48,6 @@ class KernelActivity:
         self.comm_id = f"ipycloud-keepalive-{uuid.uuid4().hex}"
         self._topic = f"comm-{self.comm_id}".encode("ascii")
         self.pings = 0
-        self.last_ping: float | None = None  # time.time() of the latest ping
 
     def ping(self) -> None:
         """Send one ``comm_msg`` on IOPub (thread-safe: ipykernel's IOPub socket is)."""
@@ -56,7 +55,6 @@ class KernelActivity:
         content = {"comm_id": self.comm_id, "data": {"ipycloud": "keepalive", "ping": self.pings}}
         self._kernel.session.send(self._kernel.iopub_socket, "comm_msg", content, parent=None,
                                   ident=self._topic)
-        self.last_ping = time.time()
 
 
 CALLBACK = "ipycloud.keepalive"
@@ -94,7 +92,7 @@ class BrowserActivity:
         self.interval_s = interval_s
         self.token = uuid.uuid4().hex
         self.pings = 0
-        self.last_ping: float | None = None
+        self.last_ping: float | None = None  # time.time() of the latest call from the browser
         self._active = threading.Event()
         self._active.set()
         output.register_callback(CALLBACK, self._on_ping)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ class GuardStatus:
     interval_s: float | None  # between activity pings; None while stopped
     kernel_pings: int | None  # None: not in a Jupyter kernel
     browser_pings: int | None  # None: no browser ping
+    browser_last_ping: float | None  # time.time() of the browser's latest ping
     sigterm: str
     actions: tuple[str, ...]
     last_run: str | None
@@ -47,9 +49,17 @@ class GuardStatus:
             return "keepalive: stopped (start it with %keepalive start)"
         kernel = ("not in a Jupyter kernel, nothing to ping" if self.kernel_pings is None
                   else f"{self.kernel_pings} kernel pings sent")
-        browser = "" if self.browser_pings is None else f", {self.browser_pings} browser pings"
+        browser = "" if self.browser_pings is None else f", {self._browser()}"
         return (f"keepalive: running, a ping every {format_seconds(self.interval_s)} "
                 f"({kernel}{browser})")
+
+    def _browser(self) -> str:
+        """The browser ping's count, and how long ago the tab last called (a closed or
+        sleeping tab stops calling)."""
+        if self.browser_last_ping is None:
+            return f"{self.browser_pings} browser pings (none yet: is the notebook tab open?)"
+        ago = format_duration(max(time.time() - self.browser_last_ping, 0.0))
+        return f"{self.browser_pings} browser pings, the last {ago} ago"
 
     def _clock(self) -> str:
         elapsed = f"elapsed {format_duration(self.elapsed_s)}"

@@ -158,6 +158,7 @@ class SessionGuard:
                 interval_s=settings.interval_s if self.running else None,
                 kernel_pings=None if self._kernel is None else self._kernel.pings,
                 browser_pings=None if self._browser is None else self._browser.pings,
+                browser_last_ping=None if self._browser is None else self._browser.last_ping,
                 sigterm=self._sigterm_state(settings), actions=tuple(registered_actions()),
                 last_run=None if run is None else run.describe(), notices=tuple(self.notices))
 
