@@ -236,6 +236,17 @@ def test_credentials_never_in_messages(http_server: LoopbackServer, tmp_path: Pa
     assert "secret" not in str(bad.value) and "abc" not in str(bad.value)
 
 
+def test_a_password_holding_the_user_name_is_scrubbed_whole(
+    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+) -> None:
+    url = f"http://alice:alice-s3cret@127.0.0.1:{http_server.port}/alice-s3cret/missing.bin"
+    with pytest.raises(DownloadError) as err:
+        download(url, tmp_path, progress=False)
+    msg = str(err.value)
+    assert "HTTP 404" in msg and "/***/missing.bin" in msg
+    assert "s3cret" not in msg and "alice" not in msg
+
+
 def test_progress_bar_runs(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
     http_server.add("b.bin", DATA)
     res = download(http_server.url("b.bin"), os.fspath(tmp_path), progress=True)

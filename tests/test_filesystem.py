@@ -35,6 +35,12 @@ def test_the_file_system_holding_a_path_is_the_deepest_mount(path: str, expected
     assert filesystem.filesystem_type(path, MOUNTINFO) == expected
 
 
+def test_non_ascii_mount_points_are_kept_and_only_octal_escapes_decoded() -> None:
+    line = "50 22 0:40 / /mnt/Données\\040d\u2019été\\134x rw - ext4 /dev/sdc1 rw\n"
+    assert filesystem.parse_mountinfo(line) == [("/mnt/Données d\u2019été\\x", "ext4")]
+    assert filesystem.filesystem_type("/mnt/Données d\u2019été\\x/runs", line) == "ext4"
+
+
 def test_mount_table_lines_without_a_separator_are_ignored() -> None:
     assert filesystem.parse_mountinfo("garbage line with no separator at all\n") == []
     assert filesystem.filesystem_type("/x", "") is None

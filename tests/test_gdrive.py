@@ -8,11 +8,14 @@ the requests gdown really makes. Its log is what the assertions read.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -318,6 +321,30 @@ def test_folder_does_not_replace_a_folder_it_did_not_download(
     assert _tree(tmp_path / "Mine") == {"notes.txt": b"keep"}
     res = gdrive_download(link, tmp_path, filename="Theirs", progress=False)
     assert _tree(res.path) == {"a.txt": b"aa"}
+
+
+def test_a_forced_folder_that_cannot_be_moved_into_place_keeps_the_old_copy(
+    gdrive_server: FakeDrive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    top = gdrive_server.add_folder("Dataset", [gdrive_server.add_file("a.txt", b"aa").id])
+    link = f"https://drive.google.com/drive/folders/{top}"
+    first = gdrive_download(link, tmp_path, progress=False)
+    (first.path / "mine.txt").write_text("keep")
+    staged = tmp_path / STAGING / f"{top}.folder" / "Dataset"
+
+    def refusing(move: Callable[[str, str], None]) -> Callable[[str, str], None]:
+        def move_unless_staged(source: str, target: str) -> None:
+            if Path(source) == staged:
+                raise OSError(errno.EIO, "Input/output error")
+            move(source, target)
+        return move_unless_staged
+
+    monkeypatch.setattr(os, "rename", refusing(os.rename))
+    monkeypatch.setattr(os, "replace", refusing(os.replace))
+    with pytest.raises(OSError, match="Input/output error"):
+        gdrive_download(link, tmp_path, force=True, progress=False)
+    assert _tree(first.path) == {"a.txt": b"aa", "mine.txt": b"keep"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STAGING, "Dataset"]
 
 
 # -- failures --------------------------------------------------------------------------------

@@ -91,6 +91,16 @@ def test_sync_now_and_in_the_background(shell, local_home: Path, tmp_path: Path)
         background.stop()
 
 
+def test_extract_refuses_a_download_that_is_no_archive(
+        shell, tmp_path: Path, http_server: LoopbackServer) -> None:  # noqa: F811
+    http_server.add("/notes.txt", b"plain text, not an archive")
+    with pytest.raises(UsageError, match=r"notes\.txt.* not a zip or tar") as caught:
+        shell.run_line_magic("mount_storage", f"download {http_server.url('/notes.txt')} "
+                                              f"--dest {tmp_path} --extract")
+    assert "\n" not in str(caught.value)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
 @pytest.mark.parametrize(("line", "message"), [
     ("s3", "invalid choice: 's3'"),
     ("download", "expected 1 argument(s), got nothing"),

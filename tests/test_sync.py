@@ -372,6 +372,26 @@ def test_background_stop_raises_kept_error_even_after_recovery(
     assert (blocker / "dst" / "a.txt").exists()
 
 
+def test_background_sync_keeps_its_folders_after_the_working_folder_changes(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relative folders are resolved at the start: a later %cd does not move the sync."""
+    monkeypatch.chdir(tmp_path)
+    background = BackgroundSync("src", "dst", every_s=3600).start()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        assert wait_for(lambda: (tmp_path / "dst" / "a.txt").exists())
+        monkeypatch.chdir(elsewhere)
+        (src / "late.txt").write_text("late")
+        report = background.sync_now()
+    finally:
+        background.stop(final=False)
+    assert report.copied == ("late.txt",)
+    assert (tmp_path / "dst" / "late.txt").read_text() == "late"
+    assert list(elsewhere.iterdir()) == []
+    assert background.action_name == f"sync {src} -> {tmp_path / 'dst'}"
+
+
 def test_a_running_background_sync_is_a_deadline_action(src: Path, tmp_path: Path) -> None:
     """Before the session ends (%keepalive) every running background sync runs once more."""
     from ipycloud.runtime import deadline

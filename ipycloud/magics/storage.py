@@ -125,16 +125,15 @@ class StorageMagics(Magics):
 
     def _download(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.storage.download import download
-        from ipycloud.runtime.storage.extract import archive_kind, extract
+        from ipycloud.runtime.storage.extract import extract
+        from ipycloud.runtime.storage.mount import data_folder
 
         (url,) = _expect(args.operands, 1, "%mount_storage download URL [--sha256 H]")
-        folder = Path(args.dest) if args.dest else self._data_folder()
+        folder = Path(args.dest) if args.dest else data_folder()
         result = download(url, folder, sha256=args.sha256, md5=args.md5)
         text = (f"{result.path} is already present and valid" if result.skipped else
                 f"downloaded {result.path} ({result.size} bytes, sha256 {result.sha256[:12]}…)")
-        if args.extract:
-            if archive_kind(result.path) is None:
-                raise ValueError(f"{result.path.name} is not a zip or tar archive")
+        if args.extract:  # extract refuses what is not an archive before writing anything
             report = extract(result.path, folder / _stem(result.path.name))
             text += f"; extracted {report.extracted} files into {report.target}"
             if report.refused:
@@ -186,12 +185,6 @@ class StorageMagics(Magics):
             lines.append(f"free space there: {format_bytes(free)}")
         lines += [f"background sync: {sync!r}" for sync in self._background]
         return Notice("\n".join(lines))
-
-    def _data_folder(self) -> Path:
-        from ipycloud.runtime.storage.mount import last_mount
-
-        mounted = last_mount()
-        return mounted.project / "data" if mounted else Path("data")
 
 
 def _expect(operands: list[str], count: int, usage: str) -> list[str]:

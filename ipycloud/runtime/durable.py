@@ -11,7 +11,10 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import secrets
+import shutil
+import stat
 import threading
 import zlib
 from collections.abc import Callable, Iterator
@@ -24,6 +27,8 @@ B = TypeVar("B")
 PathLike = TypeVar("PathLike", str, Path)
 
 TEMP_PREFIX = ".tmp-"
+# What temp_name_for makes: the prefix, the writer's PID, 8 hex digits, the final name.
+_TEMP_NAME = re.compile(rf"{re.escape(TEMP_PREFIX)}(\d+)-[0-9a-f]{{8}}-.")
 LOCK_NAME = ".ipycloud.lock"
 _CHUNK = 64 * 1024 * 1024
 # fsync on a folder is refused by some FUSE and network file systems; the rename still holds.
@@ -119,6 +124,11 @@ def temp_name_for(final: PathLike) -> PathLike:
     return temp if isinstance(final, str) else type(final)(temp)
 
 
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one ``temp_name_for`` makes."""
+    return name.startswith(TEMP_PREFIX) and _TEMP_NAME.match(name) is not None
+
+
 def fsync_folder(folder: str | os.PathLike[str]) -> None:
     """Make a folder's entries (renames, deletions) durable, where the file system allows."""
     try:
@@ -145,33 +155,88 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
         os.close(descriptor)
 
 
-def fsync_tree(root: Path) -> tuple[int, int]:
-    """fsync every file and folder under ``root`` (links not followed, folders after what
-    they hold); returns how many files and bytes there are."""
-    files = size = 0
-    for folder, _, names in os.walk(root, topdown=False):
-        for name in names:
-            path = os.path.join(folder, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                fsync_file(path)
-                files += 1
-                size += os.path.getsize(path)
-        fsync_folder(folder)
-    return files, size
+def fsync_tree(root: Path) -> list[tuple[str, int]]:
+    """fsync every regular file and folder under ``root`` (links not followed, folders after
+    what they hold); returns each regular file's relative ``/``-separated path and size, sorted.
+    """
+    files: list[tuple[str, int]] = []
+    _fsync_subtree(os.fspath(root), "", files)
+    return sorted(files)
 
 
-def write_atomically(final: Path, produce: Callable[[BinaryIO], object]) -> FileDigest:
+def _fsync_subtree(folder: str, prefix: str, files: list[tuple[str, int]]) -> None:
+    """fsync ``folder`` (``prefix`` is its relative path plus ``/``, or empty) and below."""
+    folders = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            info = entry.stat(follow_symlinks=False)  # one lstat per entry
+            if stat.S_ISREG(info.st_mode):
+                fsync_file(entry.path)
+                files.append((prefix + entry.name, info.st_size))
+            elif stat.S_ISDIR(info.st_mode):
+                folders.append(entry)
+    for entry in folders:
+        _fsync_subtree(entry.path, f"{prefix}{entry.name}/", files)
+    fsync_folder(folder)
+
+
+def remove_path(path: str | os.PathLike[str]) -> None:
+    """Remove a file, a link or a whole folder tree (links inside are not followed); what is
+    already gone is no error."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def replace_folder(new: Path, final: Path) -> None:
+    """Rename the folder ``new`` to ``final``, durably; whatever ``final`` held is moved aside
+    first and removed only once ``new`` is in place (put back if the rename fails)."""
+    aside = None
+    if os.path.lexists(final):
+        aside = temp_name_for(final)
+        os.rename(final, aside)
+    try:
+        os.rename(new, final)
+    except BaseException:
+        if aside is not None:
+            os.rename(aside, final)
+        raise
+    fsync_folder(final.parent)
+    if aside is not None:
+        with contextlib.suppress(OSError):
+            remove_path(aside)
+
+
+def _create(path: Path, mode: int | None) -> BinaryIO:
+    """A new file (never through a link) open for writing: mode ``0o666`` less the umask,
+    as ``open`` makes it, or exactly ``mode`` from the start."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    descriptor = os.open(path, flags, 0o666 if mode is None else mode)
+    try:
+        if mode is not None:
+            os.fchmod(descriptor, mode)  # whatever the umask
+        return os.fdopen(descriptor, "wb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def write_atomically(final: Path, produce: Callable[[BinaryIO], object],
+                     mode: int | None = None) -> FileDigest:
     """Write ``final`` through ``produce(file)`` so that it appears whole or not at all.
 
     The content goes to a temporary name in the same folder and is flushed. While fsync
     waits for the disk, the file is read back and checksummed, so the digest describes
     what the file system holds, not what was meant to be written. Then the file is renamed
     over ``final`` and the folder fsynced. On any error or interrupt the temporary file is
-    removed and ``final`` is untouched.
+    removed and ``final`` is untouched. The file has ``mode`` from the moment it exists
+    (default: ``0o666`` less the umask).
     """
     temporary = temp_name_for(final)
     try:
-        with open(temporary, "xb") as raw:
+        with _create(temporary, mode) as raw:
             writer = _RecordingWriter(raw)
             try:
                 produce(writer)  # type: ignore[arg-type]
@@ -191,17 +256,15 @@ def write_atomically(final: Path, produce: Callable[[BinaryIO], object]) -> File
     return digest
 
 
-def write_bytes_atomically(final: Path, data: bytes) -> FileDigest:
-    """Write ``data`` to ``final`` atomically and durably."""
-    return write_atomically(final, lambda file: file.write(data))
+def write_bytes_atomically(final: Path, data: bytes, mode: int | None = None) -> FileDigest:
+    """Write ``data`` to ``final`` atomically and durably (``mode`` as in write_atomically)."""
+    return write_atomically(final, lambda file: file.write(data), mode)
 
 
 def _writer_pid(name: str) -> int | None:
     """The PID a temporary name was made by, or None if the name is not one of ours."""
-    if not name.startswith(TEMP_PREFIX):
-        return None
-    pid = name[len(TEMP_PREFIX):].split("-", 1)[0]
-    return int(pid) if pid.isdigit() else None
+    found = _TEMP_NAME.match(name)
+    return int(found.group(1)) if found else None
 
 
 def _process_alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -23,11 +24,13 @@ FLUSHED_WHOLE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "jfs"
 _COPY_CHUNK = 8 * 1024 * 1024
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF,
                    errno.EPERM, errno.ENOTSOCK}
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def _unescape(field: str) -> str:
-    """A mountinfo path field with its octal escapes (``\\040`` for a space) decoded."""
-    return field.encode().decode("unicode_escape") if "\\" in field else field
+    """A mountinfo path field with its octal escapes (``\\040`` for a space) decoded; the
+    rest, non-ASCII names included, is kept as it is."""
+    return _OCTAL_ESCAPE.sub(lambda found: chr(int(found.group(1), 8)), field)
 
 
 def parse_mountinfo(text: str) -> list[tuple[str, str]]:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
+# ``[Errno 111] Connection refused`` as nested network errors carry it in their text.
+_ERRNO = re.compile(r"\[Errno (-?\d+)\] ([^'\")\]]+)")
+
 
 def one_line(error: BaseException) -> str:
     """The exception's message with every run of whitespace (newlines too) made one space."""
@@ -11,3 +17,21 @@ def one_line(error: BaseException) -> str:
 def describe_error(error: BaseException) -> str:
     """``Type: message`` on one line, for logs and notices that list failures."""
     return f"{type(error).__name__}: {one_line(error)}"
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` on one line with every secret replaced by ``***``, longest first (so a
+    secret that holds a shorter one is removed whole)."""
+    line = " ".join(text.split())
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        line = line.replace(secret, "***")
+    return line
+
+
+def errno_reason(text: str) -> tuple[int, str] | None:
+    """The innermost ``[Errno N] reason`` in an error's text, as (N, reason); None if none."""
+    found = _ERRNO.findall(text)
+    if not found:
+        return None
+    number, reason = found[-1]
+    return int(number), reason.strip()

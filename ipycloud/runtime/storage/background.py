@@ -27,8 +27,8 @@ class BackgroundSync:
     def __init__(self, src: PathArg, dst: PathArg, every_s: float, **sync_options: Any) -> None:
         if every_s <= 0:
             raise ValueError(f"every_s must be positive, not {every_s!r}")
-        check_pair(src, dst)
-        self.src, self.dst, self.every_s = src, dst, every_s
+        self.src, self.dst = check_pair(src, dst)  # resolved: a later %cd changes nothing
+        self.every_s = every_s
         self.options = {"progress": False, **sync_options}
         self.last_report: SyncReport | None = None
         self.last_error: BaseException | None = None

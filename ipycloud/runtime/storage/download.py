@@ -18,9 +18,10 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from ipycloud.runtime.durable import fsync_folder
+from ipycloud.runtime.messages import scrub
 from ipycloud.runtime.storage.verify import Expect, check_name, name_or_none
 
 CHUNK = 1 << 16
@@ -139,14 +140,13 @@ def _content_range(value: str | None) -> tuple[int | None, int | None]:
 class _Job:
     """One download: the retry loop, the transfer and the final verification."""
 
-    def __init__(self, url: _Url, folder: Path, name: str | None, expect: Expect,
-                 opts: dict[str, Any]) -> None:
+    def __init__(self, url: _Url, folder: Path, name: str | None, expect: Expect, *,
+                 progress: bool, retries: int, timeout: float,
+                 headers: Mapping[str, str] | None) -> None:
         self.url, self.folder, self.name, self.expect = url, folder, name, expect
-        self.progress: bool = opts["progress"]
-        self.retries: int = max(0, opts["retries"])
-        self.timeout: float = opts["timeout"]
-        self.headers: dict[str, str] = dict(opts["headers"] or {})
-        self.total: int | None = None
+        self.progress, self.retries, self.timeout = progress, max(0, retries), timeout
+        self.headers: dict[str, str] = dict(headers or {})
+        self.total: int | None = None  # what the server said, once it answered
 
     # -- paths and messages -------------------------------------------------------------
     @property
@@ -162,16 +162,14 @@ class _Job:
         except FileNotFoundError:
             return 0
 
-    def scrub(self, text: str) -> str:
-        """One line of ``text`` with any credential or query string removed."""
-        line = " ".join(text.split())
-        for secret in self.url.secrets:
-            line = line.replace(secret, "***")
-        return line
+    @property
+    def expected_size(self) -> int | None:
+        """The file's size: as the caller gave it, else as the server said, else None."""
+        return self.expect.size if self.expect.size is not None else self.total
 
     def fail(self, text: str) -> DownloadError:
         """A one-line DownloadError naming the (credential-free) URL."""
-        return DownloadError(self.scrub(f"{self.url.shown}: {text}"))
+        return DownloadError(scrub(f"{self.url.shown}: {text}", self.url.secrets))
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> DownloadResult:
@@ -191,7 +189,7 @@ class _Job:
     def gave_up(self, reason: str, attempts: int) -> DownloadError:
         """The error after the last retry, saying what was fetched and how to resume."""
         have = self.part_size()
-        total = self.expect.size or self.total
+        total = self.expected_size
         of = f" of {total}" if total is not None else ""
         hint = "rerun to resume from the .part file" if have else "rerun to try again"
         return self.fail(f"failed after {attempts} attempts ({reason}); "
@@ -275,7 +273,7 @@ class _Job:
 
     def check_space(self, offset: int) -> None:
         """Refuse before writing when the folder cannot hold the rest of the file."""
-        total = self.expect.size if self.expect.size is not None else self.total
+        total = self.expected_size
         if total is None:
             return
         free = shutil.disk_usage(self.folder).free
@@ -288,10 +286,9 @@ class _Job:
         from tqdm.auto import tqdm
 
         length = _int_or_none(resp.headers.get("Content-Length"))
-        total = self.expect.size or self.total
         got = 0
         with self.part.open("ab" if offset else "wb") as fh, tqdm(
-            total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
+            total=self.expected_size, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
             desc=self.name, disable=not self.progress, leave=False,
         ) as bar:
             while chunk := self.read(resp, offset + got):
@@ -313,7 +310,7 @@ class _Job:
     def finish(self, start: int) -> DownloadResult:
         """Verify size and checksums, then rename the part to its final name atomically."""
         size = self.part_size()
-        want = self.expect.size if self.expect.size is not None else self.total
+        want = self.expected_size
         if want is not None and size != want:
             self.part.unlink(missing_ok=True)
             raise self.fail(f"size mismatch for {self.name}: expected {want}, got {size}")
@@ -359,5 +356,5 @@ def download(
     guess = filename or parsed.name
     if guess is not None and (done := _existing(folder / guess, expect)) is not None:
         return done
-    opts = {"progress": progress, "retries": retries, "timeout": timeout, "headers": headers}
-    return _Job(parsed, folder, filename, expect, opts).run()
+    return _Job(parsed, folder, filename, expect, progress=progress, retries=retries,
+                timeout=timeout, headers=headers).run()

@@ -246,11 +246,20 @@ def _parts(name: str) -> tuple[str, ...]:
         raise _Refused("drive letter in name")
     if text.startswith("/"):
         raise _Refused("absolute path")
-    parts: list[str] = []
-    for part in text.split("/"):
+    parts = _follow((), text)
+    if parts is None:
+        raise _Refused("'..' escapes the target")
+    return parts
+
+
+def _follow(start: tuple[str, ...], path: str) -> tuple[str, ...] | None:
+    """The components reached by following the relative ``/``-separated ``path`` from
+    ``start`` (``.`` and ``..`` applied); None where ``..`` climbs above the target."""
+    parts = list(start)
+    for part in path.split("/"):
         if part == "..":
             if not parts:
-                raise _Refused("'..' escapes the target")
+                return None
             parts.pop()
         elif part not in ("", "."):
             parts.append(part)
@@ -263,18 +272,13 @@ def _check_symlink(parts: tuple[str, ...], target: str) -> None:
         raise _Refused("symlink with an empty or invalid target")
     if target.startswith("/") or (len(target) >= 2 and target[1] == ":"):
         raise _Refused(f"symlink to absolute path {target!r}")
-    where = list(parts[:-1])
-    for part in target.split("/"):
-        if part == "..":
-            if not where:
-                raise _Refused(f"symlink {target!r} points outside the target")
-            where.pop()
-        elif part not in ("", "."):
-            where.append(part)
+    if _follow(parts[:-1], target) is None:
+        raise _Refused(f"symlink {target!r} points outside the target")
 
 
-def _check_member(member: _Member) -> tuple[str, ...]:
-    """Static checks that need no filesystem; the member's path components."""
+def _static_check(member: _Member, source: _Source, dest: Path) -> tuple[str, ...]:
+    """Checks that need nothing written (tarfile's data filter judging the member as
+    extracted into ``dest`` included); the member's path components."""
     if member.kind == "special":
         raise _Refused(member.reason)
     parts = _parts(member.name)
@@ -287,31 +291,13 @@ def _check_member(member: _Member) -> tuple[str, ...]:
             _parts(member.linkname)
         except _Refused as exc:
             raise _Refused(f"hard link outside the target: {exc}") from None
+    reason = source.filter_reason(member, dest)
+    if reason:
+        raise _Refused(reason)
     return parts
 
 
 # ---------------------------------------------------------------- writing
-
-
-class _Progress:
-    """tqdm.auto over members, or nothing at all."""
-
-    def __init__(self, enabled: bool, total: int, name: str) -> None:
-        self._bar: Any = None
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, unit="member", desc=f"extract {name}")
-
-    def step(self, refused: list[str]) -> None:
-        if self._bar is not None:
-            if refused:
-                self._bar.set_postfix_str(f"refused {len(refused)}: {refused[-1]}", refresh=False)
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 def _copy_stream(src: IO[bytes], out: IO[bytes], budget: _Budget) -> None:
@@ -358,11 +344,8 @@ class _Writer:
     def add(self, member: _Member) -> None:
         """Write one member, or record why it was refused."""
         try:
-            parts = _check_member(member)
+            parts = _static_check(member, self.source, self.root)
             self._check_under_refused(parts)
-            reason = self.source.filter_reason(member, self.root)
-            if reason:
-                raise _Refused(reason)
             self._write(member, parts)
         except _Refused as exc:
             self.refused.append(f"{member.name}: {exc}")
@@ -518,10 +501,7 @@ def _static_refusals(members: list[_Member], source: _Source, target: Path) -> l
     refused = []
     for member in members:
         try:
-            _check_member(member)
-            reason = source.filter_reason(member, target)
-            if reason:
-                raise _Refused(reason)
+            _static_check(member, source, target)
         except _Refused as exc:
             refused.append(f"{member.name}: {exc}")
     return refused
@@ -530,15 +510,18 @@ def _static_refusals(members: list[_Member], source: _Source, target: Path) -> l
 def _write_all(source: _Source, members: list[_Member], tmp: Path, budget: _Budget,
                progress: bool) -> _Writer:
     """Write every member into ``tmp``, with a progress bar when asked."""
+    from tqdm.auto import tqdm
+
     writer = _Writer(source, tmp, budget)
-    bar = _Progress(progress, len(members), source.path.name)
-    try:
+    with tqdm(total=len(members), unit="member", desc=f"extract {source.path.name}",
+              disable=not progress) as bar:
         for member in members:
             writer.add(member)
-            bar.step(writer.refused)
+            if writer.refused:
+                bar.set_postfix_str(f"refused {len(writer.refused)}: {writer.refused[-1]}",
+                                    refresh=False)
+            bar.update(1)
         writer.finish()
-    finally:
-        bar.close()
     return writer
 
 

@@ -28,9 +28,11 @@ from ipycloud.runtime.durable import (
     fsync_file,
     fsync_folder,
     fsync_tree,
+    replace_folder,
     write_bytes_atomically,
 )
-from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.messages import errno_reason, one_line
+from ipycloud.runtime.storage.mount import data_folder
 from ipycloud.runtime.storage.verify import Expect, check_name, hash_file
 
 STAGING = ".ipycloud-gdrive"
@@ -167,8 +169,8 @@ def _http_status(error: BaseException) -> int | None:
 
 def _network_reason(text: str) -> str:
     """The innermost reason of a requests/urllib3 connection error, e.g. 'Connection refused'."""
-    found = re.findall(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
-    return found[-1].strip() if found else text[:120]
+    found = errno_reason(text)
+    return found[1] if found else text[:120]
 
 
 def _failure(error: Exception, kind: str, drive: str) -> GdriveError:
@@ -204,12 +206,7 @@ def _failure(error: Exception, kind: str, drive: str) -> GdriveError:
 # -- small file-system helpers ------------------------------------------------------------
 def _destination(dest: str | os.PathLike[str] | None) -> Path:
     """``dest``, else the mounted project's data folder, else ./data."""
-    if dest is not None:
-        return Path(dest).expanduser()
-    from ipycloud.runtime.storage.mount import last_mount
-
-    mounted = last_mount()
-    return mounted.project / "data" if mounted is not None else Path.cwd() / "data"
+    return Path(dest).expanduser() if dest is not None else data_folder()
 
 
 def _read_marker(path: Path) -> dict[str, Any]:
@@ -373,15 +370,10 @@ class _FolderJob(_Job):
         if final.exists() and not self.force:
             raise GdriveError(f"{final} already exists and was not downloaded from Drive "
                               f"folder {self.drive}: pass force=True to replace it")
-        files, size = fsync_tree(root)
-        old = self.folder / STAGING / f"{self.drive}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(root, final)
-        fsync_folder(self.folder)
+        listed = fsync_tree(root)
+        files, size = len(listed), sum(size for _, size in listed)
+        replace_folder(root, final)
         _write_marker(self.marker, kind="folder", name=name, files=files, size=size)
-        shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(self.staging, ignore_errors=True)
         return GdriveResult(final, "folder", self.drive, files, size, None, False)
 

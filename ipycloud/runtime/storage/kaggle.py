@@ -23,7 +23,6 @@ import logging
 import os
 import re
 import shutil
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +30,14 @@ from typing import Any
 
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.durable import (
-    fsync_folder,
     fsync_tree,
+    remove_path,
+    replace_folder,
     stale_temporary,
     temp_name_for,
     write_bytes_atomically,
 )
-from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.messages import errno_reason, one_line
 from ipycloud.runtime.storage.kaggle_credentials import (
     WEB,
     KaggleAuth,
@@ -45,7 +45,7 @@ from ipycloud.runtime.storage.kaggle_credentials import (
     find_credentials,
     no_credentials,
 )
-from ipycloud.runtime.storage.mount import last_mount
+from ipycloud.runtime.storage.mount import data_folder
 from ipycloud.runtime.units import format_bytes
 
 __all__ = ["KaggleError", "KaggleResult", "kaggle_download"]
@@ -53,7 +53,6 @@ __all__ = ["KaggleError", "KaggleResult", "kaggle_download"]
 MANIFEST = ".ipycloud-kaggle.json"
 _SLUG = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
 _VERSION = re.compile(r"[1-9][0-9]{0,8}")
-_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
 
 
 @dataclass(frozen=True)
@@ -124,9 +123,9 @@ class _Handle:
             return self.ref
         return f"{self.ref}/versions/{version}"
 
-    def default_dest(self, root: Path) -> Path:
-        """``data/kaggle/<owner>/<dataset>`` or ``data/kaggle/competitions/<slug>``."""
-        base = root / "data" / "kaggle"
+    def default_dest(self, data: Path) -> Path:
+        """``<data>/kaggle/<owner>/<dataset>`` or ``<data>/kaggle/competitions/<slug>``."""
+        base = data / "kaggle"
         if self.competition:
             return base / "competitions" / self.slug
         return base / str(self.owner) / self.slug
@@ -158,8 +157,7 @@ def _destination(h: _Handle, dest: str | os.PathLike[str] | None) -> Path:
     if dest is not None:
         target = Path(dest).expanduser().absolute()
     else:
-        mounted = last_mount()
-        target = h.default_dest(mounted.project if mounted is not None else Path.cwd())
+        target = h.default_dest(data_folder())
     return target.resolve() if target.is_symlink() else target.absolute()
 
 
@@ -189,12 +187,16 @@ def _complete(folder: Path, files: list[list[Any]]) -> bool:
     return True
 
 
-def _skipped(target: Path, h: _Handle) -> KaggleResult | None:
-    """A skipped result when ``target`` holds a complete download of ``h``, else None."""
-    manifest = _read_manifest(target)
-    if manifest is None or manifest.get("handle") != h.ref:
-        return None
-    if bool(manifest.get("competition")) != h.competition:
+def _ours(manifest: dict[str, Any] | None, h: _Handle) -> bool:
+    """Whether ``manifest`` records a download of ``h`` (any version)."""
+    return manifest is not None and manifest.get("handle") == h.ref and bool(
+        manifest.get("competition")) == h.competition
+
+
+def _skipped(target: Path, h: _Handle, manifest: dict[str, Any] | None) -> KaggleResult | None:
+    """A skipped result when ``target``, whose manifest is given, holds a complete download
+    of ``h``; else None."""
+    if manifest is None or not _ours(manifest, h):
         return None
     version = manifest.get("version")
     if h.version is not None and version != h.version:
@@ -206,16 +208,14 @@ def _skipped(target: Path, h: _Handle) -> KaggleResult | None:
                         version if isinstance(version, int) else None)
 
 
-def _check_target(target: Path, h: _Handle, force: bool) -> None:
+def _check_target(target: Path, h: _Handle, force: bool,
+                  manifest: dict[str, Any] | None) -> None:
     """Refuse a file, or a folder of other files (unless ``force``), as the destination."""
     if target.exists() and not target.is_dir():
         raise KaggleError(f"cannot download {h.what} into {target}: it is a file, not a folder")
     if force or not target.is_dir() or not any(target.iterdir()):
         return
-    manifest = _read_manifest(target)
-    ours = manifest is not None and manifest.get("handle") == h.ref and bool(
-        manifest.get("competition")) == h.competition
-    if not ours:
+    if not _ours(manifest, h):
         raise KaggleError(f"{target} already holds other files: choose another dest, or "
                           "pass force=True to replace them")
 
@@ -252,18 +252,6 @@ def _existing_parent(path: Path) -> Path:
     return path
 
 
-def _inventory(folder: Path) -> list[list[Any]]:
-    """[relative posix name, size] of every regular file under ``folder``, sorted."""
-    found = []
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = Path(root, name)
-            info = path.lstat()
-            if stat.S_ISREG(info.st_mode) and path != folder / MANIFEST:
-                found.append([path.relative_to(folder).as_posix(), info.st_size])
-    return sorted(found)
-
-
 def _copy_out(source: Path, staging: Path) -> None:
     """Copy a folder kagglehub does not own (a read-only mount), owner-writable."""
     shutil.copytree(source, staging, symlinks=True, copy_function=shutil.copyfile)
@@ -272,31 +260,6 @@ def _copy_out(source: Path, staging: Path) -> None:
             path = Path(root, name)
             path.chmod(path.stat().st_mode | 0o700)
     staging.chmod(staging.stat().st_mode | 0o700)
-
-
-def _remove(path: Path) -> None:
-    """Remove a file, link or folder, ignoring what is already gone."""
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _swap_in(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target``; an old ``target`` is moved aside first, then removed."""
-    aside = None
-    if target.exists() or target.is_symlink():
-        aside = temp_name_for(target)
-        os.rename(target, aside)
-    try:
-        os.rename(staging, target)
-    except BaseException:
-        if aside is not None:
-            os.rename(aside, target)
-        raise
-    fsync_folder(target.parent)
-    if aside is not None:
-        _remove(aside)
 
 
 class _Job:
@@ -390,14 +353,14 @@ class _Job:
                 shutil.move(source, staging)
             else:
                 _copy_out(source, staging)
-            files = _inventory(staging)
+            files = [entry for entry in fsync_tree(staging) if entry[0] != MANIFEST]
             manifest = {"handle": self.h.ref, "competition": self.h.competition,
                         "version": version, "files": files}
             write_bytes_atomically(staging / MANIFEST, json.dumps(manifest, indent=1).encode())
-            fsync_tree(staging)
-            _swap_in(staging, self.target)
+            replace_folder(staging, self.target)
         except BaseException:
-            _remove(staging)
+            with contextlib.suppress(OSError):
+                remove_path(staging)
             raise
         size = sum(size for _, size in files)
         return KaggleResult(self.target, self.h.text, len(files), size, False, version)
@@ -453,8 +416,8 @@ class _Job:
 
 def _reason(error: BaseException) -> str:
     """The innermost ``[Errno N] text`` of a requests error, else its type."""
-    found = _ERRNO.findall(str(error))
-    return found[-1].strip() if found else type(error).__name__
+    found = errno_reason(str(error))
+    return f"[Errno {found[0]}] {found[1]}" if found else type(error).__name__
 
 
 def _version_from(path: Path) -> int | None:
@@ -469,7 +432,7 @@ def _remove_stale(parent: Path, name: str) -> None:
     with contextlib.suppress(OSError):
         for entry in parent.iterdir():
             if entry.name.endswith(f"-{name}") and stale_temporary(entry.name):
-                _remove(entry)
+                remove_path(entry)
 
 
 def kaggle_download(
@@ -493,9 +456,10 @@ def kaggle_download(
     """
     h = _parse_handle(handle, competition)
     target = _destination(h, dest)
-    if not force and (done := _skipped(target, h)) is not None:
+    manifest = _read_manifest(target)
+    if not force and (done := _skipped(target, h, manifest)) is not None:
         return done
-    _check_target(target, h, force)
+    _check_target(target, h, force, manifest)
     require("kagglehub", "kaggle")
     auth = find_credentials()
     if h.competition and auth.source is None:

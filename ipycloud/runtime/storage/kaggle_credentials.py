@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ipycloud.runtime.durable import fsync_folder, temp_name_for
+from ipycloud.runtime.durable import write_bytes_atomically
+from ipycloud.runtime.messages import scrub
 from ipycloud.runtime.storage.mount import last_mount
 
 __all__ = ["KaggleAuth", "KaggleError", "find_credentials", "no_credentials"]
@@ -38,10 +39,7 @@ class KaggleAuth:
 
     def scrub(self, text: str) -> str:
         """``text`` on one line with every secret replaced by ``***``."""
-        line = " ".join(text.split())
-        for secret in sorted(self.secrets, key=len, reverse=True):
-            line = line.replace(secret, "***")
-        return line
+        return scrub(text, self.secrets)
 
 
 def _config_folder() -> Path:
@@ -89,23 +87,11 @@ def _install_credentials(source: Path, raw: bytes, folder: Path) -> Path:
     """Copy kaggle.json into ``folder`` atomically, readable by its owner only from the start."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     final = folder / CREDENTIALS_FILE
-    temporary = temp_name_for(final)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        descriptor = os.open(temporary, flags, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            if hasattr(os, "fchmod"):
-                os.fchmod(file.fileno(), 0o600)  # exactly 0600, whatever the umask
-            file.write(raw)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, final)
+        write_bytes_atomically(final, raw, mode=0o600)
     except OSError as error:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
         raise KaggleError(f"cannot copy {source} to {final}: "
                           f"{error.strerror or type(error).__name__}") from None
-    fsync_folder(folder)
     print(f"ipycloud: copied {source} to {final} (mode 600) for kagglehub")
     return final
 

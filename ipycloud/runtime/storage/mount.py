@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from ipycloud.runtime.messages import one_line
 from ipycloud.runtime.platform import Platform, detect_platform
+from ipycloud.runtime.storage import tree
 
 PROJECT_FOLDERS = ("data", "models", "checkpoints", "logs", "outputs")
 KINDS = ("auto", "drive", "kaggle", "local")
@@ -96,6 +98,12 @@ def last_mount() -> MountResult | None:
     return _last_mount
 
 
+def data_folder() -> Path:
+    """Where downloads go by default: ``data`` in the mounted project, else ``./data``."""
+    mounted = last_mount()
+    return mounted.project / "data" if mounted is not None else Path.cwd() / "data"
+
+
 def _storage_root(kind: str, platform: Platform, root: str | os.PathLike[str] | None,
                   force: bool, timeout_s: float) -> Path:
     """The folder that holds project folders, for this kind of storage."""
@@ -174,7 +182,13 @@ def _kaggle_inputs(working: Path) -> tuple[tuple[str, int], ...]:
 
 
 def _tree_size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
+    """Bytes of the regular files at or under ``path`` (links inside are not followed)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return 0
+    if stat.S_ISREG(info.st_mode):
+        return info.st_size
+    listing, _ = tree.scan(str(path))
+    return sum(entry.st_size for entry in listing.values() if stat.S_ISREG(entry.st_mode))
 

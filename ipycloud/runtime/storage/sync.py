@@ -16,7 +16,6 @@ refuses links (Google Drive, FAT), they are reported as skipped, like sockets an
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import stat
 import threading
@@ -24,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.durable import remove_path
 from ipycloud.runtime.storage import tree
-from ipycloud.runtime.storage.transfer import Outcome, Placing, remove, transfer
+from ipycloud.runtime.storage.transfer import Outcome, Placing, transfer
+from ipycloud.runtime.storage.verify import hash_file
 from ipycloud.runtime.units import format_bytes
 
 __all__ = ["PathArg", "SyncReport", "check_pair", "sync"]
@@ -100,15 +101,6 @@ def _lock_for(target: Path) -> threading.Lock:
 # ----------------------------------------------------------------------------- compare
 
 
-def _digest(path: str) -> str:
-    """The sha256 of a file's content."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
-
-
 def _same_mtime(src_ns: int, dst_ns: int) -> bool:
     """Equal mtimes, allowing a destination that keeps whole seconds only."""
     return src_ns == dst_ns or (dst_ns % _NS == 0 and src_ns // _NS == dst_ns // _NS)
@@ -120,7 +112,8 @@ def _same_file(source: str, target: str, rel: str, s: os.stat_result, d: os.stat
     if s.st_size != d.st_size:
         return False
     if checksum:
-        return _digest(tree.join(source, rel)) == _digest(tree.join(target, rel))
+        return (hash_file(tree.join(source, rel), md5=False)
+                == hash_file(tree.join(target, rel), md5=False))
     return _same_mtime(s.st_mtime_ns, d.st_mtime_ns)
 
 
@@ -188,7 +181,7 @@ def _execute(source: str, target: str, plan: _Plan, src_entries: tree.Listing,
 
     outcome = Outcome(skipped=list(plan.skipped))
     for rel in plan.replace:
-        remove(tree.join(target, rel))
+        remove_path(tree.join(target, rel))
         outcome.deleted.append(rel)
     for rel in plan.mkdirs:
         os.makedirs(tree.join(target, rel), exist_ok=True)

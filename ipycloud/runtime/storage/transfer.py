@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -110,14 +109,6 @@ def copy_link(source: str, target: str) -> bool:
     finally:
         if os.path.islink(temp):
             os.unlink(temp)
-
-
-def remove(path: str) -> None:
-    """Remove a file, a link or a whole folder tree (links inside are not followed)."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        _unlink(path)
 
 
 @dataclass

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat
 
-from ipycloud.runtime.durable import TEMP_PREFIX, stale_temporary
-
-_TEMP = re.compile(r"^\.tmp-(\d+)-[0-9a-f]{8}-.")
+from ipycloud.runtime.durable import is_temporary, stale_temporary
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
@@ -61,7 +58,7 @@ def _scan_folder(root_fd: int, prefix: str, found: Listing, temps: list[str],
             for entry in entries:
                 name = entry.name
                 rel = prefix + name
-                if name.startswith(TEMP_PREFIX) and _TEMP.match(name):
+                if is_temporary(name):
                     temps.append(rel)
                     continue
                 try:

@@ -69,12 +69,12 @@ def normalise_digest(value: str | None, length: int, kind: str) -> str | None:
     return digest
 
 
-def hash_file(path: Path, md5: bool) -> dict[str, str]:
+def hash_file(path: str | os.PathLike[str], md5: bool) -> dict[str, str]:
     """sha256 (and md5 when asked) of a file's bytes."""
     hashers = {"sha256": hashlib.sha256()}
     if md5:
         hashers["md5"] = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as fh:
+    with open(path, "rb") as fh:
         while block := fh.read(1 << 20):
             for h in hashers.values():
                 h.update(block)
