@@ -262,6 +262,29 @@ def test_gpu_memory_from_torch_when_it_already_uses_cuda(
     assert "GPU: torch's CUDA allocator" in str(recorder.table())
 
 
+def test_the_samples_torch_figures_spare_asking_torch(
+        shell: InteractiveShell, recording: Callable[..., CellRecorder],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading taken at each end of a cell already holds torch's allocated bytes."""
+    allocator = FakeAllocator()
+    torch = allocator.module()
+    asked: list[int] = []
+    torch.cuda.memory_allocated = asked.append  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+    def probe() -> Sample:
+        gpus = tuple(GpuSample(index, "Fake GPU", 0.0, 8 * GIB, 16 * GIB, None, None, None,
+                               torch_allocated=allocated)
+                     for index, allocated in enumerate(allocator.allocated))
+        return dataclasses.replace(ScriptedProbe()(), gpus=gpus)
+
+    recorder = recording(Sampler(interval=3600, probe=probe))
+    shell.user_ns["allocator"] = allocator
+    run(shell, "allocator.allocate(1, 4 * 2**30); allocator.allocate(1, -3 * 2**30)")
+    assert asked == []
+    assert (last(recorder).gpu_peak, last(recorder).gpu_change) == (5 * GIB, GIB)
+
+
 def record(**changes: object) -> CellRecord:
     fields: dict[str, object] = dict(
         execution_count=3, excerpt="x = <b>", started=0.0, wall_s=0.25, ram_peak=3 * GIB,

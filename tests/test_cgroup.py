@@ -1,4 +1,4 @@
-"""read_cgroup_limits and cgroup_usage on fake cgroup trees under tmp_path, laid out as the
+"""read_cgroup and read_cgroup_limits on fake cgroup trees under tmp_path, laid out as the
 kernel shows them."""
 
 from __future__ import annotations
@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from ipycloud.runtime.cgroup import CgroupLimits, cgroup_usage, read_cgroup_limits
+from ipycloud.runtime.cgroup import (
+    CgroupLimits,
+    ContainerMemory,
+    container_memory,
+    read_cgroup,
+    read_cgroup_limits,
+)
 
 MIB = 2**20
 GIB = 2**30
@@ -145,7 +151,8 @@ def test_v2_usage_is_read_at_each_call_from_the_nearest_level(tmp_path: Path) ->
         "job.slice/task/memory.current": f"{700 * MIB}\n",
         "job.slice/task/memory.stat": f"active_file {100 * MIB}\ninactive_file {200 * MIB}\n",
     }, self_path="/job.slice/task")
-    memory, cpu_time = cgroup_usage(2, tmp_path)
+    limits, (memory, cpu_time) = read_cgroup(tmp_path)
+    assert limits.memory_usage == 500 * MIB  # the same working set, read once at the start
     assert memory is not None and cpu_time is not None
     assert memory.used() == 500 * MIB  # page cache that can be dropped does not count
     assert cpu_time.seconds() == 2.5
@@ -166,22 +173,36 @@ def test_v1_usage_from_the_controller_trees(tmp_path: Path) -> None:
         "memory/docker/abc/memory.stat": f"cache {300 * MIB}\ntotal_inactive_file {256 * MIB}\n",
         "cpu,cpuacct/cpuacct.usage": "1500000000\n",  # no folder for the process: the top's
     })
-    memory, cpu_time = cgroup_usage(1, tmp_path)
+    limits, (memory, cpu_time) = read_cgroup(tmp_path)
     assert memory is not None and cpu_time is not None
-    assert memory.used() == GIB - 256 * MIB
+    assert memory.used() == limits.memory_usage == GIB - 256 * MIB
     assert cpu_time.seconds() == 1.5
 
 
-@pytest.mark.parametrize("version", [2, None])
-def test_usage_without_usage_files_has_no_readers(tmp_path: Path, version: int | None) -> None:
-    make_v2(tmp_path, {"memory.max": f"{GIB}\n"})
-    assert cgroup_usage(version, tmp_path) == (None, None)
+@pytest.mark.parametrize("cgroup_fs", [True, False])
+def test_usage_without_usage_files_has_no_readers(tmp_path: Path, cgroup_fs: bool) -> None:
+    if cgroup_fs:
+        make_v2(tmp_path, {"memory.max": f"{GIB}\n"})
+    assert read_cgroup(tmp_path).usage == (None, None)
 
 
 def test_real_machine_does_not_raise() -> None:
-    limits = read_cgroup_limits()
+    limits, (memory, cpu_time) = read_cgroup()
+    assert limits == read_cgroup_limits()
     assert limits.version in (None, 1, 2)
     assert limits.memory_limit is None or limits.memory_limit > 0
-    memory, cpu_time = cgroup_usage(limits.version)
     assert memory is None or (memory.used() or 0) >= 0
     assert cpu_time is None or (cpu_time.seconds() or 0.0) >= 0
+
+
+@pytest.mark.parametrize(("limit", "used", "expected"), [
+    (None, 3 * GIB, ContainerMemory(6 * GIB, 16 * GIB, 10 * GIB, limited=False)),  # the host's
+    (4 * GIB, 3 * GIB, ContainerMemory(3 * GIB, 4 * GIB, GIB, limited=True)),
+    (4 * GIB, None, ContainerMemory(6 * GIB, 4 * GIB, 0, limited=True)),  # never below nothing
+    (12 * GIB, GIB, ContainerMemory(GIB, 12 * GIB, 10 * GIB, limited=True)),  # the host's free
+    (32 * GIB, GIB, ContainerMemory(GIB, 16 * GIB, 10 * GIB, limited=False)),  # above the host
+])
+def test_container_memory(limit: int | None, used: int | None,
+                          expected: ContainerMemory) -> None:
+    """A host of 16 GiB with 10 GiB available, under various cgroup limits."""
+    assert container_memory(16 * GIB, 10 * GIB, limit, used) == expected

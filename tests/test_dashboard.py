@@ -22,7 +22,7 @@ from test_kernel import execute, outputs
 from waiting import wait_for
 
 from ipycloud.runtime import usage
-from ipycloud.runtime.readings import DANGER_AT, WARNING_AT, level, ram_limit_name, readings
+from ipycloud.runtime.readings import DANGER_AT, WARNING_AT, level, readings
 from ipycloud.runtime.sampler import Sampler, shared_sampler
 from ipycloud.runtime.samples import DiskSample, GpuSample, Sample
 from ipycloud.runtime.textview import text_view
@@ -115,8 +115,7 @@ def test_the_panel_follows_the_sampler(sampler) -> None:
     probe.ram_used = 12 * GIB
     wait_for(lambda: dashboard.ram_bar.value == 75.0)
     assert dashboard.rows["ram"].texts[0].value == "75% · 12.0 GiB of 16.0 GiB"
-    limit = ram_limit_name(probe())  # "host RAM" here; "container limit" under a cgroup limit
-    assert dashboard.rows["ram"].detail.value == (f"{limit} 16.0 GiB, this kernel 1.0 GiB, "
+    assert dashboard.rows["ram"].detail.value == ("host RAM 16.0 GiB, this kernel 1.0 GiB, "
                                                   "swap 0 B of 2.0 GiB")
     assert list(dashboard.rows) == ["cpu", "ram", "disk:working"]
 
@@ -243,6 +242,22 @@ def test_sparkline_keeps_the_peak_of_each_pixel_and_skips_unknowns() -> None:
     assert "<title>GPU 0 &lt;util&gt;</title>" in svg
 
 
+def test_a_long_history_keeps_one_point_per_pixel_column() -> None:
+    """A day at 1 Hz folds into at most a point per column (plus the edges): a redraw costs
+    the same as for a minute, and each column still shows its peak."""
+    day = 86400
+    trace = Trace(window=day, series=2)
+    for second in range(2 * day):  # two days: the first has left the window
+        spike = second % 3600 == 1800  # one busy second an hour
+        trace.add(float(second), [100.0 if spike else 5.0, None])
+    assert len(trace) <= WIDTH + 2
+    utilisation, memory = points(trace.svg())
+    assert memory == []
+    assert sorted({y for _, y in utilisation}) == [y_of(100.0), y_of(5.0)]
+    assert sum(y == y_of(100.0) for _, y in utilisation) == 24  # every hour's spike is seen
+    assert utilisation[-1] == (WIDTH, y_of(5.0))
+
+
 def test_text_view_and_live_refusal_without_ipywidgets(magic_shell, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if it were not installed
     text = str(magic_shell.run_line_magic("dashboard", "--text"))
@@ -262,8 +277,8 @@ def test_text_view_rows_and_levels() -> None:
     gpu = GpuSample(0, "Tesla T4", None, 14 * GIB, 15 * GIB, None, None, None)
     sample = Sample(time=0.0, cpu_percent=12.0, ram_used=13 * GIB, ram_limit=16 * GIB,
                     ram_available=3 * GIB, swap_used=0, swap_total=0, process_rss=GIB,
-                    gpus=(gpu,))
-    lines = text_view(sample, "container limit").splitlines()
+                    gpus=(gpu,), ram_limited=True)
+    lines = text_view(sample).splitlines()
     assert lines[1].split() == ["resource", "gauge", "use", "amount", "level", "detail"]
     assert lines[2].split()[:5] == ["GPU", "0", "util", "n/a", "["]
     assert "93%  [######### ]  14.0 GiB of 15.0 GiB  danger" in lines[3]

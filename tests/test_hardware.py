@@ -6,9 +6,12 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ipycloud.runtime.cgroup import CgroupLimits
+from test_cgroup import make_v2
+
+from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
 from ipycloud.runtime.hardware import probe_disk, probe_disks, probe_host, take_snapshot
 from ipycloud.runtime.platform import detect_platform
+from ipycloud.runtime.probe import Probe
 from ipycloud.runtime.software import TorchInfo
 
 GIB = 1024**3
@@ -44,6 +47,17 @@ def test_a_container_limit_is_what_the_kernel_gets() -> None:
 def test_usage_above_the_limit_leaves_nothing_free() -> None:
     host = probe_host(CgroupLimits(2, GIB, 2 * GIB, None))
     assert host.memory_free == 0
+
+
+def test_the_report_and_the_sampler_agree_on_the_containers_memory(tmp_path: Path) -> None:
+    """Both count the working set as used: page cache the kernel can drop does not count."""
+    make_v2(tmp_path, {"memory.max": f"{GIB}\n", "memory.current": f"{GIB // 2}\n",
+                       "memory.stat": f"inactive_file {GIB // 4}\n"})
+    host = probe_host(read_cgroup_limits(tmp_path))
+    sample = Probe(root=tmp_path).read()
+    assert host.cgroup.memory_usage == sample.ram_used == GIB // 4
+    assert host.memory_usable == sample.ram_limit == min(GIB, host.memory_total)
+    assert host.memory_free == sample.ram_available == GIB * 3 // 4  # the host has more free
 
 
 def test_a_missing_folder_has_no_disk_figures(tmp_path: Path) -> None:

@@ -62,8 +62,12 @@ def test_t4_row_shows_what_nvidia_smi_shows(board) -> None:
 
 
 def test_a100_with_mig_shows_instances_and_na_utilisation(board) -> None:
-    board("2xA100-MIG")
+    module = board("2xA100-MIG")
+    asked: list[object] = []
+    mig_mode = module.nvmlDeviceGetMigMode
+    module.nvmlDeviceGetMigMode = lambda handle: asked.append(handle) or mig_mode(handle)
     snapshot = take_snapshot()
+    assert len(asked) == 2  # once per GPU
     rows = gpu_rows(EnvironmentReport(snapshot))
     assert [row["MIG"] for row in rows] == ["on, 3 instances", "on, 2 instances"]
     assert [row["Util"] for row in rows] == ["n/a", "n/a"]

@@ -19,6 +19,7 @@ import pytest
 from test_cgroup import make_v1, make_v2, write
 from waiting import wait_for
 
+from ipycloud.runtime import sampler as sampler_module
 from ipycloud.runtime.probe import Probe, take_sample
 from ipycloud.runtime.sampler import Sampler, shared_sampler
 from ipycloud.runtime.samples import GpuSample, Sample
@@ -98,7 +99,7 @@ def test_a_raising_subscriber_is_removed_and_reported_while_others_go_on(
     assert not bad.active
     assert sampler.errors == [
         "sampler subscriber test_a_raising_subscriber_is_removed_and_reported_while_others_go_on"
-        ".<locals>.broken raised ValueError: no plot; it no longer gets samples"]
+        ".<locals>.broken raised ValueError: no plot with details; it no longer gets samples"]
     assert [record.getMessage() for record in caplog.records] == sampler.errors
     assert good.samples[0].time == 1.0  # the raising one ran first and did not stop delivery
     assert good.threads == {"ipycloud-sampler"}
@@ -113,7 +114,7 @@ def test_a_raising_probe_is_logged_once_and_sampling_goes_on(
         wait_for(lambda: len(good.samples) >= 2)
     sampler.stop()
     assert [record.getMessage() for record in caplog.records] == [
-        "sampler probe failed: OSError: sensor gone"]
+        "sampler probe failed: OSError: sensor gone second line"]
     assert sampler.errors == []
     assert len(sampler.history()) >= 2
 
@@ -270,7 +271,7 @@ def test_take_sample_reads_this_machine(tmp_path: Path) -> None:
     assert 0 < sample.ram_available <= sample.ram_limit
     assert sample.process_rss == pytest.approx(psutil.Process().memory_info().rss, rel=0.5)
     assert sample.disks[0].role == "working" and sample.disks[0].path == os.getcwd()
-    only_working = take_sample(working=str(tmp_path), persistent=str(tmp_path / "not-mounted"))
+    only_working = Probe(working=str(tmp_path), persistent=str(tmp_path / "not-mounted")).read()
     assert [(disk.role, disk.path) for disk in only_working.disks] == [("working", str(tmp_path))]
     assert only_working.disks[0].free > 0
 
@@ -321,6 +322,7 @@ def test_cgroup_v2_limits_are_honoured(tmp_path: Path) -> None:
     host = psutil.virtual_memory()
     assert sample.cpu_percent == pytest.approx(50.0)
     assert sample.ram_limit == min(GIB, host.total)
+    assert sample.ram_limited == (host.total >= GIB)  # the dashboard says "container limit"
     assert sample.ram_used == 500 * MIB  # page cache that can be dropped does not count
     assert sample.ram_available == min(sample.ram_limit - 500 * MIB, host.available)
     write(tmp_path, "sys/fs/cgroup/kube.slice/pod/cpu.stat", "usage_usec 9000000\n")
@@ -348,11 +350,46 @@ def test_cgroup_v1_limits_are_honoured(tmp_path: Path) -> None:
     assert sample.ram_used == GIB - 256 * MIB
 
 
+def test_a_reading_between_ticks_leaves_their_cpu_window_whole(tmp_path: Path) -> None:
+    """A reading between two ticks (cells take one before and after each cell) gives the use
+    since the last tick and does not shorten the next tick's window."""
+    make_v2(tmp_path, {"cpu.max": "100000 100000\n", "cpu.stat": "usage_usec 0\n"})
+    clock = Clock()
+    probe = Probe(root=tmp_path, clock=clock)
+    write(tmp_path, "sys/fs/cgroup/cpu.stat", "usage_usec 1000000\n")
+    clock.now += 1.0  # a busy second...
+    assert probe.read(advance_cpu=False).cpu_percent == pytest.approx(100.0)
+    clock.now += 3.0  # ...then three idle ones
+    assert probe.read(advance_cpu=False).cpu_percent == pytest.approx(25.0)
+    assert probe.read().cpu_percent == pytest.approx(25.0)  # the tick: over all four seconds
+    clock.now += 1.0
+    assert probe.read(advance_cpu=False).cpu_percent == pytest.approx(0.0)  # since that tick
+
+
+def test_sample_now_does_not_advance_the_default_probe(monkeypatch) -> None:
+    advanced: list[bool] = []
+    counting = CountingProbe()
+
+    def take_sample(advance_cpu: bool = True) -> Sample:
+        advanced.append(advance_cpu)
+        return counting()
+
+    monkeypatch.setattr(sampler_module, "take_sample", take_sample)
+    sampler = Sampler(interval=0.005)
+    sampler.sample_now()
+    subscription = sampler.subscribe(Collector())
+    wait_for(lambda: len(sampler.history()) >= 2)
+    subscription.cancel()
+    wait_for(lambda: not sampler.running)
+    assert advanced[0] is False and set(advanced[1:]) == {True}  # only the ticks advance
+
+
 def test_without_a_cgroup_limit_the_host_memory_is_the_limit(tmp_path: Path) -> None:
     make_v2(tmp_path, {"memory.max": "max\n", "memory.current": f"{GIB}\n"})
     sample = Probe(root=tmp_path).read()
     assert sample.ram_limit == psutil.virtual_memory().total
     assert sample.ram_used == sample.ram_limit - sample.ram_available  # the host's, not 1 GiB
+    assert not sample.ram_limited
 
 
 def gpus(sample: Sample) -> list[tuple[Any, ...]]:

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from ipycloud.runtime import usage
+from ipycloud.runtime.monitoring import start_monitoring, stop_monitoring
 from ipycloud.runtime.prices import PRICES_ENV, load_prices
-from ipycloud.runtime.sampler import Sampler
+from ipycloud.runtime.sampler import Sampler, shared_sampler
 from ipycloud.runtime.samples import GpuSample, Sample
 from ipycloud.runtime.usage import NO_SAMPLES, UsageTracker, shared_tracker, usage_report
 
@@ -71,6 +73,7 @@ def test_one_hour_on_two_gpus_gives_the_figures_worked_out_by_hand() -> None:
     assert report.gpu_count == 2 and report.gpu_hours == 2.0
     assert report.cpu_average_percent == 50.0 and report.cpu_peak_percent == 80.0
     assert report.ram_peak == 10 * GIB and report.ram_limit == 16 * GIB
+    assert report.ram_peak_percent == 62.5
     assert report.ram_average == round((3599 * 4 + 10) * GIB / 3600)
     busy, idle = report.gpus
     assert (busy.utilization_average, busy.utilization_peak) == (50.0, 100.0)
@@ -453,9 +456,9 @@ def test_attached_to_a_sampler_the_tracker_counts_its_samples() -> None:
 
     sampler = Sampler(interval=0.01, probe=probe)
     tracker = UsageTracker()
-    subscription = tracker.attach(sampler)
+    subscription = tracker.attach(sampler, interval=0.02)
     try:
-        assert subscription.active and sampler.running
+        assert subscription.active and sampler.running and subscription.interval == 0.02
         deadline = time.monotonic() + 10
         while tracker.samples < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -468,3 +471,20 @@ def test_attached_to_a_sampler_the_tracker_counts_its_samples() -> None:
     assert report.duration_s == report.samples  # one second per sample
     assert report.gpu_hours == 2 * report.samples / 3600
     assert [gpu.idle_share for gpu in report.gpus] == [0.0, 1.0]
+
+
+def test_start_monitoring_keeps_one_subscription_at_the_interval_last_asked() -> None:
+    sampler = shared_sampler()
+    assert sampler.subscribers == 0, "an earlier test left the shared sampler in use"
+    try:
+        assert start_monitoring() is sampler and sampler.interval == 1.0  # the default
+        start_monitoring(0.5)
+        assert (sampler.subscribers, sampler.interval) == (1, 0.5)
+        start_monitoring()  # no interval asked: the last one stands
+        assert (sampler.subscribers, sampler.interval) == (1, 0.5)
+        start_monitoring(2.0)
+        assert (sampler.subscribers, sampler.interval) == (1, 2.0)
+    finally:
+        stop_monitoring()
+    assert sampler.subscribers == 0
+    wait_for(lambda: not sampler.running)

@@ -127,12 +127,10 @@ class DashboardMagics(Magics):
         return dashboard
 
     def _text(self, cells: bool) -> Notice:
-        from ipycloud.runtime.readings import ram_limit_name
         from ipycloud.runtime.sampler import shared_sampler
         from ipycloud.runtime.textview import text_view
 
-        sample = shared_sampler().sample_now()
-        text = text_view(sample, ram_limit_name(sample))
+        text = text_view(shared_sampler().sample_now())
         if cells:
             self._record_cells()
             text += "\nrecording each cell's resource use: %dashboard cells shows the table"

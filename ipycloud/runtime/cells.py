@@ -13,7 +13,6 @@ reset per cell). torch is never imported here.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections import deque
@@ -21,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ipycloud.runtime.probe import torch_cuda
 from ipycloud.runtime.samples import Sample
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
 from ipycloud.runtime.units import NA, format_bytes, format_duration
@@ -130,13 +130,13 @@ class CellRecorder:
 
     def _pre_run_cell(self, info: ExecutionInfo) -> None:
         sample = self.sampler.sample_now()
-        torch_cuda = _torch_cuda()
+        cuda = torch_cuda()
         source: str | None = "torch"
         gpu: int | None
-        if torch_cuda is not None:
-            for device in range(torch_cuda.device_count()):
-                torch_cuda.reset_peak_memory_stats(device)
-            gpu = _torch_allocated(torch_cuda)
+        if cuda is not None:
+            for device in range(cuda.device_count()):
+                cuda.reset_peak_memory_stats(device)
+            gpu = _torch_allocated(sample, cuda)
         else:
             gpu = _nvml_used(sample)
             source = None if gpu is None else "nvml"
@@ -160,8 +160,8 @@ class CellRecorder:
         running.observe(sample)
         gpu_end: int | None
         if running.gpu_source == "torch":
-            cuda = _torch_cuda()
-            gpu_end = _torch_allocated(cuda)
+            cuda = torch_cuda()
+            gpu_end = _torch_allocated(sample, cuda)
             running.gpu_peak = _max(running.gpu_peak, sum(
                 cuda.max_memory_allocated(device) for device in range(cuda.device_count())))
         else:
@@ -261,14 +261,12 @@ def _nvml_used(sample: Sample) -> int | None:
     return sum(used) if used else None
 
 
-def _torch_cuda() -> Any:
-    """``torch.cuda`` when torch is already imported and has initialised CUDA, else None."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    return cuda if cuda is not None and cuda.is_initialized() else None
-
-
-def _torch_allocated(cuda: Any) -> int:
+def _torch_allocated(sample: Sample, cuda: Any) -> int:
+    """What torch's allocator holds over every device: the sample's figures when it has
+    them, else asked of torch."""
+    figures = [gpu.torch_allocated for gpu in sample.gpus if gpu.torch_allocated is not None]
+    if figures:
+        return sum(figures)
     return sum(cuda.memory_allocated(device) for device in range(cuda.device_count()))
 
 

@@ -2,9 +2,9 @@
 
 A notebook in Docker or Kubernetes sees the host's RAM and cores in ``/proc``; the limits
 it actually runs under live in ``/sys/fs/cgroup``. Both cgroup v2 (one unified tree) and
-v1 (one tree per controller) are read, once for the limits (``read_cgroup_limits``) and
-at each sample for the usage (``cgroup_usage``). Nothing here raises: a missing, unreadable
-or garbled file gives a None field.
+v1 (one tree per controller) are read: ``read_cgroup`` finds the process's folders once and
+gives the limits with readers of the usage, which the sampler calls at each sample. Nothing
+here raises: a missing, unreadable or garbled file gives a None field.
 """
 
 from __future__ import annotations
@@ -34,20 +34,12 @@ class CgroupLimits:
 
     version: int | None  # 2, 1, or None when no cgroup file system is visible
     memory_limit: int | None  # bytes; None when unlimited or unknown
-    memory_usage: int | None  # bytes currently charged to the cgroup; None when unknown
+    memory_usage: int | None  # bytes the cgroup uses now (its working set); None when unknown
     cpu_limit: float | None  # cores = quota / period; None when unlimited or unknown
 
     def to_dict(self) -> dict[str, object]:
         """The limits as a JSON-ready dict."""
         return asdict(self)
-
-
-def read_cgroup_limits(root: str | os.PathLike[str] = "/") -> CgroupLimits:
-    """Read the limits of this process's cgroup; ``root`` redirects where files are looked up."""
-    mount, self_cgroup = _locate(root)
-    if is_file(mount / "cgroup.controllers"):
-        return _read_v2(mount, self_cgroup)
-    return _read_v1(mount, self_cgroup)
 
 
 class CgroupMemory:
@@ -88,50 +80,68 @@ class CgroupUsage(NamedTuple):
     cpu_time: CgroupCpuTime | None
 
 
-def cgroup_usage(version: int | None, root: str | os.PathLike[str] = "/") -> CgroupUsage:
-    """Find the memory and CPU usage files of this process's cgroup, of ``version`` 2 or 1.
+class Cgroup(NamedTuple):
+    """The limits of this process's cgroup and the readers of its usage."""
 
-    ``version`` is ``read_cgroup_limits(root).version``; the files are found once, and each
-    reader opens them at every call.
+    limits: CgroupLimits
+    usage: CgroupUsage
+
+
+class ContainerMemory(NamedTuple):
+    """RAM as the kernel may have it: under the cgroup limit when one applies, else the host's."""
+
+    used: int  # the container's working set, else what the host uses
+    limit: int  # the cgroup limit (at most the host's RAM), else the host's RAM
+    available: int  # what can still be allocated under that limit
+    limited: bool  # whether ``limit`` is the container's
+
+
+def container_memory(host_total: int, host_available: int, limit: int | None,
+                     used: int | None) -> ContainerMemory:
+    """The container's view of RAM from the host's total and available bytes, the cgroup
+    ``limit`` and the container's working set ``used`` (the host's use when it is unknown)."""
+    host_used = host_total - host_available
+    if limit is None:
+        return ContainerMemory(host_used, host_total, host_available, limited=False)
+    used = host_used if used is None else used
+    usable = min(limit, host_total)
+    return ContainerMemory(used, usable, max(min(usable - used, host_available), 0),
+                           limited=limit <= host_total)
+
+
+def read_cgroup(root: str | os.PathLike[str] = "/") -> Cgroup:
+    """Find this process's cgroup folders once: their limits, and readers of their usage.
+
+    ``root`` redirects where the files are looked up (for tests).
     """
-    mount, self_cgroup = _locate(root)
-    if version == 2:
-        folders = _v2_folders(mount, self_cgroup)
-        memory = next((f for f in folders if is_file(f / "memory.current")), None)
-        cpu = next((f / "cpu.stat" for f in folders if is_file(f / "cpu.stat")), None)
-        return CgroupUsage(
-            None if memory is None else
-            CgroupMemory(memory / "memory.current", memory / "memory.stat", "inactive_file"),
-            None if cpu is None else CgroupCpuTime(cpu, 1e6))  # cpu.stat counts microseconds
-    if version == 1:
-        paths = _v1_paths(self_cgroup)
-        memory_dir = _v1_folder(mount, ("memory",), paths.get("memory", "/"))
-        cpu_dir = _v1_folder(mount, _V1_CPUACCT_MOUNTS, paths.get("cpuacct", "/"))
-        return CgroupUsage(
-            None if memory_dir is None else
-            CgroupMemory(memory_dir / "memory.usage_in_bytes", memory_dir / "memory.stat",
-                         "total_inactive_file"),
-            None if cpu_dir is None else
-            CgroupCpuTime(cpu_dir / "cpuacct.usage", 1e9))  # cpuacct.usage counts nanoseconds
-    return CgroupUsage(None, None)
+    mount = Path(root) / _MOUNT
+    self_cgroup = read_text(Path(root) / _SELF_CGROUP) or ""
+    if is_file(mount / "cgroup.controllers"):
+        return _read_v2(mount, self_cgroup)
+    return _read_v1(mount, self_cgroup)
 
 
-def _locate(root: str | os.PathLike[str]) -> tuple[Path, str]:
-    """The cgroup mount under ``root`` and the text of this process's cgroup file there."""
-    base = Path(root)
-    return base / _MOUNT, read_text(base / _SELF_CGROUP) or ""
+def read_cgroup_limits(root: str | os.PathLike[str] = "/") -> CgroupLimits:
+    """Read the limits of this process's cgroup; ``root`` redirects where files are looked up."""
+    return read_cgroup(root).limits
 
 
-def _read_v2(mount: Path, self_cgroup: str) -> CgroupLimits:
-    """Take the tightest limit found from the process's cgroup folder up to the mount top."""
+def _read_v2(mount: Path, self_cgroup: str) -> Cgroup:
+    """The tightest limit from the process's folder up to the mount top; usage from the
+    nearest level that counts it."""
     folders = _v2_folders(mount, self_cgroup)
-    usages = (_parse_count(read_text(folder / "memory.current")) for folder in folders)
-    return CgroupLimits(
+    memory_dir = next((f for f in folders if is_file(f / "memory.current")), None)
+    cpu_stat = next((f / "cpu.stat" for f in folders if is_file(f / "cpu.stat")), None)
+    usage = CgroupUsage(
+        None if memory_dir is None else
+        CgroupMemory(memory_dir / "memory.current", memory_dir / "memory.stat", "inactive_file"),
+        None if cpu_stat is None else CgroupCpuTime(cpu_stat, 1e6))  # microseconds
+    return Cgroup(CgroupLimits(
         version=2,
         memory_limit=_tightest(_parse_count(read_text(f / "memory.max")) for f in folders),
-        memory_usage=next((usage for usage in usages if usage is not None), None),
+        memory_usage=None if usage.memory is None else usage.memory.used(),
         cpu_limit=_tightest(_parse_cpu_max(read_text(f / "cpu.max")) for f in folders),
-    )
+    ), usage)
 
 
 def _v2_folders(mount: Path, self_cgroup: str) -> list[Path]:
@@ -141,20 +151,25 @@ def _v2_folders(mount: Path, self_cgroup: str) -> list[Path]:
     return [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
-def _read_v1(mount: Path, self_cgroup: str) -> CgroupLimits:
-    """Read the memory and cpu controllers, each in its own tree."""
+def _read_v1(mount: Path, self_cgroup: str) -> Cgroup:
+    """Read the memory, cpu and cpuacct controllers, each in its own tree."""
     paths = _v1_paths(self_cgroup)
-    memory = _v1_folder(mount, ("memory",), paths.get("memory", "/"))
-    cpu = _v1_folder(mount, _V1_CPU_MOUNTS, paths.get("cpu", "/"))
-    if memory is None and cpu is None:
-        return CgroupLimits(version=None, memory_limit=None, memory_usage=None, cpu_limit=None)
-    limit = _parse_count(read_text(memory / "memory.limit_in_bytes")) if memory else None
-    return CgroupLimits(
+    memory_dir = _v1_folder(mount, ("memory",), paths.get("memory", "/"))
+    cpu_dir = _v1_folder(mount, _V1_CPU_MOUNTS, paths.get("cpu", "/"))
+    if memory_dir is None and cpu_dir is None:
+        return Cgroup(CgroupLimits(version=None, memory_limit=None, memory_usage=None,
+                                   cpu_limit=None), CgroupUsage(None, None))
+    cpuacct_dir = _v1_folder(mount, _V1_CPUACCT_MOUNTS, paths.get("cpuacct", "/"))
+    memory = None if memory_dir is None else CgroupMemory(
+        memory_dir / "memory.usage_in_bytes", memory_dir / "memory.stat", "total_inactive_file")
+    limit = _parse_count(read_text(memory_dir / "memory.limit_in_bytes")) if memory_dir else None
+    return Cgroup(CgroupLimits(
         version=1,
         memory_limit=limit if limit is not None and limit < _V1_UNLIMITED else None,
-        memory_usage=_parse_count(read_text(memory / "memory.usage_in_bytes")) if memory else None,
-        cpu_limit=_v1_cpu_limit(cpu) if cpu else None,
-    )
+        memory_usage=None if memory is None else memory.used(),
+        cpu_limit=_v1_cpu_limit(cpu_dir) if cpu_dir else None,
+    ), CgroupUsage(memory, None if cpuacct_dir is None else
+                   CgroupCpuTime(cpuacct_dir / "cpuacct.usage", 1e9)))  # nanoseconds
 
 
 def _v1_paths(self_cgroup: str) -> dict[str, str]:

@@ -17,7 +17,12 @@ from typing import Any
 import psutil
 
 from ipycloud.runtime import nvml
-from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
+from ipycloud.runtime.cgroup import (
+    CgroupLimits,
+    ContainerMemory,
+    container_memory,
+    read_cgroup_limits,
+)
 from ipycloud.runtime.platform import Platform, detect_platform
 from ipycloud.runtime.software import SoftwareInfo, probe_software
 
@@ -50,16 +55,16 @@ class HostInfo:
     @property
     def memory_usable(self) -> int:
         """The RAM this kernel can really have: the host's total or the container's limit."""
-        if self.memory_limit is None:
-            return self.memory_total
-        return min(self.memory_total, self.memory_limit)
+        return self._memory().limit
 
     @property
     def memory_free(self) -> int:
         """Memory still free for this kernel: the tighter of the host's and the container's."""
-        if self.memory_limit is None or self.cgroup.memory_usage is None:
-            return self.memory_available
-        return max(0, min(self.memory_available, self.memory_limit - self.cgroup.memory_usage))
+        return self._memory().available
+
+    def _memory(self) -> ContainerMemory:
+        return container_memory(self.memory_total, self.memory_available, self.memory_limit,
+                                self.cgroup.memory_usage)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,10 @@ def one_line(error: BaseException) -> str:
 
 
 def describe_error(error: BaseException) -> str:
-    """``Type: message`` on one line, for logs and notices that list failures."""
-    return f"{type(error).__name__}: {one_line(error)}"
+    """``Type: message`` on one line (just ``Type`` when there is no message), for logs and
+    notices that list failures."""
+    name = type(error).__name__
+    return f"{name}: {one_line(error)}" if str(error).strip() else name
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:

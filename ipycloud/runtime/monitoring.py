@@ -20,12 +20,11 @@ def start_monitoring(interval: float | None = None) -> Sampler:
     global _tracking
     sampler = shared_sampler()
     with _lock:
-        if _tracking is None or not _tracking.active:
-            tracker = shared_tracker()
-            _tracking = sampler.subscribe(tracker.add, interval=interval)
-        elif interval is not None and interval != _tracking.interval:
-            _tracking.cancel()
-            _tracking = sampler.subscribe(shared_tracker().add, interval=interval)
+        current = _tracking
+        if current is None or not current.active or interval not in (None, current.interval):
+            if current is not None:
+                current.cancel()
+            _tracking = shared_tracker().attach(sampler, interval=interval)
     return sampler
 
 

@@ -201,7 +201,7 @@ def snapshot(with_processes: bool = True) -> GpuSnapshot:
     found = _look_up(nvml)
     devices = tuple(
         _device(nvml, found.handles[nvml_index], cuda_index, nvml_index, found.uuids[nvml_index],
-                found.migs[nvml_index], with_processes)
+                found.mig_modes[nvml_index], found.migs[nvml_index], with_processes)
         for cuda_index, nvml_index in enumerate(found.order)
     )
     return GpuSnapshot(
@@ -218,6 +218,7 @@ class _Devices(NamedTuple):
 
     handles: list[Any]
     uuids: list[str | None]
+    mig_modes: list[bool | None]  # MIG enabled; None when the driver cannot tell
     migs: list[tuple[MigDevice, ...]]
     order: list[int]  # NVML indices in CUDA ordinal order, after CUDA_VISIBLE_DEVICES
 
@@ -226,13 +227,15 @@ def _look_up(nvml: ModuleType) -> _Devices:
     count = _query(nvml, nvml.nvmlDeviceGetCount) or 0
     handles = [_query(nvml, nvml.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
     uuids = [_text(nvml, nvml.nvmlDeviceGetUUID, handle) for handle in handles]
-    migs = [_mig_devices(nvml, handle) for handle in handles]
+    mig_modes = [_mig_enabled(nvml, handle) for handle in handles]
+    migs = [_mig_devices(nvml, handle) if enabled else ()
+            for handle, enabled in zip(handles, mig_modes, strict=True)]
     order = visible_nvml_indices(
         os.environ.get("CUDA_VISIBLE_DEVICES"),
         uuids,
         [[mig.uuid for mig in instances if mig.uuid] for instances in migs],
     )
-    return _Devices(handles, uuids, migs, order)
+    return _Devices(handles, uuids, mig_modes, migs, order)
 
 
 def _text(nvml: ModuleType, function: Callable[..., Any], *args: Any) -> str | None:
@@ -278,13 +281,13 @@ def _device(
     cuda_index: int,
     nvml_index: int,
     uuid: str | None,
+    mig_enabled: bool | None,
     mig_devices: tuple[MigDevice, ...],
     with_processes: bool,
 ) -> GpuInfo:
     live = _live(nvml, handle)
     pci = _query(nvml, nvml.nvmlDeviceGetPciInfo, handle)
     capability = _query(nvml, nvml.nvmlDeviceGetCudaComputeCapability, handle)
-    mig_mode = _query(nvml, nvml.nvmlDeviceGetMigMode, handle)
     return GpuInfo(
         index=cuda_index,
         nvml_index=nvml_index,
@@ -305,16 +308,20 @@ def _device(
         clock_memory_max_mhz=_query(nvml, nvml.nvmlDeviceGetMaxClockInfo, handle,
                                     nvml.NVML_CLOCK_MEM),
         compute_capability=None if capability is None else f"{capability[0]}.{capability[1]}",
-        mig_enabled=None if mig_mode is None else mig_mode[0] == nvml.NVML_DEVICE_MIG_ENABLE,
+        mig_enabled=mig_enabled,
         mig_devices=mig_devices,
         processes=_processes(nvml, handle) if with_processes else None,
     )
 
 
-def _mig_devices(nvml: ModuleType, handle: Any) -> tuple[MigDevice, ...]:
+def _mig_enabled(nvml: ModuleType, handle: Any) -> bool | None:
+    """Whether MIG is on now (``mig.mode.current``); None when the driver cannot tell."""
     mode = _query(nvml, nvml.nvmlDeviceGetMigMode, handle)
-    if mode is None or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
-        return ()
+    return None if mode is None else mode[0] == nvml.NVML_DEVICE_MIG_ENABLE
+
+
+def _mig_devices(nvml: ModuleType, handle: Any) -> tuple[MigDevice, ...]:
+    """The MIG instances of a GPU with MIG on."""
     instances = []
     for slot in range(_query(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0):
         mig = _query(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)

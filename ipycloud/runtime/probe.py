@@ -20,8 +20,9 @@ from typing import Any
 
 import psutil
 
-from ipycloud.runtime.cgroup import CgroupCpuTime, cgroup_usage, read_cgroup_limits
-from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.cgroup import CgroupCpuTime, CgroupLimits, container_memory, read_cgroup
+from ipycloud.runtime.hardware import usable_cpus
+from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.nvml import GpuReader
 from ipycloud.runtime.platform import detect_platform
 from ipycloud.runtime.samples import DiskSample, GpuSample, Sample
@@ -41,23 +42,25 @@ class _CpuMeter:
     do not shorten its window.
     """
 
-    def __init__(self, cpu_limit: float | None, usage: CgroupCpuTime | None,
+    def __init__(self, limits: CgroupLimits, usage: CgroupCpuTime | None,
                  clock: Callable[[], float]) -> None:
         allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        online = psutil.cpu_count() or 1
-        self._cpus = allowed if allowed and len(allowed) < online else None  # None: all
-        cpus = len(allowed) or online
+        self._cpus = allowed if allowed and len(allowed) < (psutil.cpu_count() or 1) else None
         self._clock = clock
-        self._usage = usage if cpu_limit else None
+        self._usage = usage if limits.cpu_limit else None
+        self._capacity = usable_cpus(limits) or 1.0  # cores under the limit (unused without)
         first = self._read()
         if first is None:  # no readable counter: the CPUs of the host it is
             self._usage, first = None, self._read()
-        self._capacity = min(cpus, cpu_limit) if self._usage is not None and cpu_limit else cpus
         self._last: tuple[float, float, float] = first or (clock(), 0.0, 0.0)  # host: never None
         self._percent: float | None = None
 
-    def percent(self) -> float:
-        """Percent used since the previous call (the first call waits for a short window)."""
+    def percent(self, advance: bool = True) -> float:
+        """Percent used since the baseline (the first call waits for a short window).
+
+        ``advance`` makes now the next call's baseline; without it the baseline stays, so
+        a reading taken between two others does not shorten their window.
+        """
         now = self._read()
         if now is not None and now[0] - self._last[0] < _MIN_CPU_WINDOW_S:
             if self._percent is not None:
@@ -67,13 +70,14 @@ class _CpuMeter:
         if now is None:  # the cgroup counter could not be read: keep the last figure
             return self._percent or 0.0
         (then, busy_then, total_then), (at, busy, total) = self._last, now
-        self._last = now
         if self._usage is not None:  # busy: the counter in seconds; total: unused
-            cores = (busy - busy_then) / (at - then)
+            share = (busy - busy_then) / (at - then) / self._capacity
         else:
-            cores = (busy - busy_then) / max(total - total_then, 1e-9) * self._capacity
-        self._percent = min(max(cores / self._capacity * 100, 0.0), 100.0)
-        return self._percent
+            share = (busy - busy_then) / max(total - total_then, 1e-9)
+        percent = min(max(share * 100, 0.0), 100.0)
+        if advance:
+            self._last, self._percent = now, percent
+        return percent
 
     def _read(self) -> tuple[float, float, float] | None:
         """(clock, busy seconds, total seconds) now; None when the cgroup counter is unreadable."""
@@ -99,47 +103,49 @@ class Probe:
 
     ``root`` redirects where the cgroup and platform files are looked up (for tests).
     The cgroup limits are read once: a container's limits are fixed when it starts.
+    ``working`` is the folder whose disk is the working one (default: the current folder
+    at each reading), ``persistent`` the persistent one (default: the platform's; left out
+    while it does not exist).
     """
 
     def __init__(self, root: str | os.PathLike[str] = "/",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 working: str | None = None, persistent: str | None = None) -> None:
         base = Path(root)
-        limits = read_cgroup_limits(base)
-        usage = cgroup_usage(limits.version, base)
+        limits, usage = read_cgroup(base)
         self._memory_limit = limits.memory_limit
         self._memory = usage.memory if limits.memory_limit is not None else None
-        self._cpu = _CpuMeter(limits.cpu_limit, usage.cpu_time, clock)
-        persistent = detect_platform(root=base, limits=limits).persistent_dir
-        self._persistent = None if persistent is None else str(persistent)
+        self._cpu = _CpuMeter(limits, usage.cpu_time, clock)
+        if persistent is None:
+            found = detect_platform(root=base, limits=limits).persistent_dir
+            persistent = None if found is None else str(found)
+        self._working, self._persistent = working, persistent
         self._process = psutil.Process()
         self._gpus = GpuReader()
         self._lock = threading.Lock()
 
-    def read(self, working: str | None = None, persistent: str | None = None) -> Sample:
-        """One Sample; ``working`` defaults to the current folder, ``persistent`` to the
-        platform's persistent folder (left out while it does not exist)."""
+    def read(self, advance_cpu: bool = True) -> Sample:
+        """One Sample. ``advance_cpu=False`` gives the CPU use since the last reading that
+        advanced it and leaves that baseline for the next one (the background ticks')."""
         with self._lock:
             now = time.time()
-            cpu = self._cpu.percent()
+            cpu = self._cpu.percent(advance_cpu)
             total, host_available, swap_total, swap_used = _memory()
-            used, limit, available = total - host_available, total, host_available
-            if self._memory_limit is not None:
-                container_used = self._memory.used() if self._memory is not None else None
-                used = used if container_used is None else container_used
-                limit = min(self._memory_limit, total)
-                available = max(min(limit - used, host_available), 0)
+            memory = container_memory(total, host_available, self._memory_limit,
+                                      None if self._memory is None else self._memory.used())
             return Sample(
                 time=now,
                 cpu_percent=cpu,
-                ram_used=used,
-                ram_limit=limit,
-                ram_available=available,
+                ram_used=memory.used,
+                ram_limit=memory.limit,
+                ram_available=memory.available,
                 swap_used=swap_used,
                 swap_total=swap_total,
                 process_rss=self._process.memory_info().rss,
-                disks=_disks((("working", working or os.getcwd()),
-                              ("persistent", persistent or self._persistent))),
+                disks=_disks((("working", self._working or os.getcwd()),
+                              ("persistent", self._persistent))),
                 gpus=_with_torch(self._gpus.read()),
+                ram_limited=memory.limited,
             )
 
 
@@ -178,14 +184,22 @@ def _disks(folders: tuple[tuple[str, str | None], ...]) -> tuple[DiskSample, ...
     return tuple(disks)
 
 
+def torch_cuda() -> Any:
+    """``torch.cuda`` when torch is already imported and has initialised CUDA, else None.
+
+    Never imports torch, and never initialises CUDA.
+    """
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    return cuda if cuda is not None and cuda.is_initialized() else None
+
+
 def _with_torch(gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
     """Add torch's caching allocator figures when torch is already imported and uses CUDA."""
-    torch = sys.modules.get("torch")
-    if torch is None or not gpus:
+    if not gpus:
         return gpus
     try:
-        cuda = torch.cuda
-        if not cuda.is_initialized():
+        cuda = torch_cuda()
+        if cuda is None:
             return gpus
         count = cuda.device_count()
         with_figures = []
@@ -199,8 +213,7 @@ def _with_torch(gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
             with_figures.append(gpu)
         return tuple(with_figures)
     except Exception as error:  # torch half-imported, or a CUDA error: NVML's figures stand
-        logger.debug("torch CUDA figures unavailable: %s: %s", type(error).__name__,
-                     one_line(error))
+        logger.debug("torch CUDA figures unavailable: %s", describe_error(error))
         return gpus
 
 
@@ -208,15 +221,16 @@ _probe_lock = threading.Lock()
 _probe: Probe | None = None
 
 
-def take_sample(working: str | None = None, persistent: str | None = None) -> Sample:
+def take_sample(advance_cpu: bool = True) -> Sample:
     """One reading of this machine: CPU, RAM under the cgroup limit, swap, disks, RSS, GPUs.
 
-    ``working`` defaults to the current folder and ``persistent`` to the detected platform's
-    persistent folder. Never imports torch; reads torch's CUDA allocator figures only when
-    torch is already imported and has initialised CUDA.
+    The disks are those of the current folder and of the detected platform's persistent
+    folder. ``advance_cpu=False`` reads without moving the CPU baseline of the background
+    ticks (see ``Probe.read``). Never imports torch; reads torch's CUDA allocator figures
+    only when torch is already imported and has initialised CUDA.
     """
     global _probe
     with _probe_lock:
         if _probe is None:
             _probe = Probe()
-    return _probe.read(working, persistent)
+    return _probe.read(advance_cpu)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ipycloud.runtime.samples import DiskSample, GpuSample, Sample
-from ipycloud.runtime.units import NA, format_bytes
+from ipycloud.runtime.units import format_bytes, format_percent
 
 WARNING_AT = 80.0  # percent of a memory or disk limit
 DANGER_AT = 90.0
@@ -48,10 +48,14 @@ class Gauge:
         return float(round(self.percent)) if self.percent is not None else 0.0
 
     @property
+    def percent_text(self) -> str:
+        """The percentage to whole percent, or n/a."""
+        return format_percent(self.percent)
+
+    @property
     def text(self) -> str:
         """The percentage and the amount, as shown beside the bar."""
-        percent = NA if self.percent is None else f"{self.percent:.0f}%"
-        return f"{percent} · {self.amount}" if self.amount else percent
+        return f"{self.percent_text} · {self.amount}" if self.amount else self.percent_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,27 +69,20 @@ class Reading:
     traced: bool  # whether the dashboard draws its recent history (GPUs and CPU)
 
 
-def readings(sample: Sample, ram_limit_name: str = "limit") -> list[Reading]:
+def readings(sample: Sample) -> list[Reading]:
     """The rows for ``sample``: GPUs first, then CPU, RAM and each disk."""
     rows = [_gpu(gpu) for gpu in sample.gpus]
     rows.append(Reading("cpu", "CPU", (Gauge("use", sample.cpu_percent, "", False),), "",
                         traced=True))
+    limit = "container limit" if sample.ram_limited else "host RAM"
     swap = (f", swap {_of(sample.swap_used, sample.swap_total)}" if sample.swap_total else "")
     rows.append(Reading(
         "ram", "RAM",
         (Gauge("used", sample.ram_fraction * 100, _of(sample.ram_used, sample.ram_limit), True),),
-        f"{ram_limit_name} {format_bytes(sample.ram_limit)}, this kernel "
+        f"{limit} {format_bytes(sample.ram_limit)}, this kernel "
         f"{format_bytes(sample.process_rss)}{swap}", traced=False))
     rows.extend(_disk(disk) for disk in sample.disks)
     return rows
-
-
-def ram_limit_name(sample: Sample) -> str:
-    """"container limit" when the sample's RAM limit is the cgroup's, else "host RAM"."""
-    from ipycloud.runtime.cgroup import read_cgroup_limits
-
-    return ("container limit" if read_cgroup_limits().memory_limit == sample.ram_limit
-            else "host RAM")
 
 
 def _gpu(gpu: GpuSample) -> Reading:

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 from ipycloud.runtime.hardware import Snapshot, take_snapshot
 from ipycloud.runtime.nvml import GpuInfo
-from ipycloud.runtime.tables import Table, aligned_lines, html_table
-from ipycloud.runtime.units import NA, format_bytes, format_duration
+from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
+from ipycloud.runtime.units import NA, format_bytes, format_duration, format_percent
 
 
 def _value(value: object, unit: str = "") -> str:
@@ -37,7 +37,7 @@ def _gpu_memory(gpu: GpuInfo) -> str:
         return NA
     text = f"{format_bytes(gpu.memory_used)} / {format_bytes(gpu.memory_total)}"
     if gpu.memory_used is not None and gpu.memory_total:
-        text += f" ({100 * gpu.memory_used / gpu.memory_total:.0f}%)"
+        text += f" ({format_percent(100 * gpu.memory_used / gpu.memory_total)})"
     return text
 
 
@@ -154,10 +154,7 @@ class EnvironmentReport:
         return tables
 
     def __str__(self) -> str:
-        summary = self.summary()
-        width = max(len(label) for label, _ in summary)
-        lines = [f"{label.ljust(width)}  {value}" for label, value in summary]
-        lines += ["", self.gpu_status()]
+        lines = [*label_lines(self.summary()), "", self.gpu_status()]
         for title, (headers, rows) in self._tables():
             lines += ["", title, *aligned_lines(headers, rows)]
         return "\n".join(lines)
@@ -166,10 +163,7 @@ class EnvironmentReport:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
-                       f"<td style='text-align:left'>{html.escape(value)}</td></tr>"
-                       for label, value in self.summary())
-        parts = [f"<table class='ipycloud-report'>{body}</table>",
+        parts = [html_pairs(self.summary(), "ipycloud-report"),
                  f"<p><b>{html.escape(self.gpu_status())}</b></p>"]
         for title, table in self._tables():
             parts.append(f"<h4>{html.escape(title)}</h4>{html_table(table)}")

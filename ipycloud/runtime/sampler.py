@@ -15,7 +15,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
+from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.probe import take_sample
 from ipycloud.runtime.samples import Sample
 
@@ -40,12 +42,6 @@ def _check_capacity(capacity: int) -> int:
         raise ValueError(f"capacity must be a whole number of samples, at least 1, "
                          f"not {capacity!r}")
     return capacity
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: first line of the message``."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 class Subscription:
@@ -80,6 +76,8 @@ class Sampler:
         self._default_interval = _check_interval(interval)
         self.capacity = _check_capacity(capacity)
         self._probe = probe or take_sample
+        # sample_now() between ticks must not move the CPU baseline of the ticks' probe
+        self._probe_now = probe or partial(take_sample, advance_cpu=False)
         self._history: deque[Sample] = deque(maxlen=self.capacity)
         self._history_lock = threading.Lock()
         self._subscriptions: tuple[Subscription, ...] = ()
@@ -142,8 +140,12 @@ class Sampler:
             return self._history[-1] if self._history else None
 
     def sample_now(self) -> Sample:
-        """One reading taken now on the calling thread; not stored, not sent to subscribers."""
-        return self._probe()
+        """One reading taken now on the calling thread; not stored, not sent to subscribers.
+
+        With the default probe its CPU figure is the use since the last tick, and the next
+        tick's window still starts at that tick.
+        """
+        return self._probe_now()
 
     def _start(self) -> None:
         """Start a thread with its own stop signal; the caller holds ``_changed``."""
@@ -178,7 +180,7 @@ class Sampler:
         try:
             sample = self._probe()
         except Exception as error:
-            failure = f"sampler probe failed: {_describe(error)}"
+            failure = f"sampler probe failed: {describe_error(error)}"
             if failure != self._probe_failure:  # once per run of identical failures
                 logger.warning(failure, exc_info=error)
             self._probe_failure = failure
@@ -196,7 +198,7 @@ class Sampler:
             except Exception as error:
                 self._remove(subscription)
                 message = (f"sampler subscriber {_name(subscription.callback)} raised "
-                           f"{_describe(error)}; it no longer gets samples")
+                           f"{describe_error(error)}; it no longer gets samples")
                 self.errors.append(message)
                 logger.warning(message)
 

@@ -57,6 +57,7 @@ class Sample:
     process_rss: int  # this kernel process's resident memory
     disks: tuple[DiskSample, ...] = ()
     gpus: tuple[GpuSample, ...] = ()
+    ram_limited: bool = False  # whether ram_limit is the container's cgroup limit
 
     @property
     def ram_fraction(self) -> float:

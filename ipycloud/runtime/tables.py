@@ -24,3 +24,17 @@ def html_table(table: Table) -> str:
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
                    for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def label_lines(pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """Label/value rows as text lines, the values aligned after the longest label."""
+    width = max((len(label) for label, _ in pairs), default=0)
+    return [f"{label.ljust(width)}  {value}" for label, value in pairs]
+
+
+def html_pairs(pairs: Sequence[tuple[str, str]], css_class: str) -> str:
+    """Label/value rows as an HTML ``<table>`` of class ``css_class``, every cell escaped."""
+    body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
+                   f"<td style='text-align:left'>{html.escape(value)}</td></tr>"
+                   for label, value in pairs)
+    return f"<table class='{css_class}'>{body}</table>"

@@ -19,13 +19,12 @@ def text_bar(percent: float | None) -> str:
     return "[" + "#" * filled + " " * (BAR_CHARS - filled) + "]"
 
 
-def text_view(sample: Sample, ram_limit_name: str = "limit") -> str:
+def text_view(sample: Sample) -> str:
     """Every row of the dashboard for ``sample``, one line per gauge, as aligned text."""
     rows = []
-    for reading in readings(sample, ram_limit_name):
+    for reading in readings(sample):
         for position, gauge in enumerate(reading.gauges):
-            percent = "n/a" if gauge.percent is None else f"{gauge.percent:.0f}%"
-            rows.append((reading.label if position == 0 else "", gauge.name, percent,
+            rows.append((reading.label if position == 0 else "", gauge.name, gauge.percent_text,
                          text_bar(gauge.percent), gauge.amount, gauge.level,
                          reading.detail if position == 0 else ""))
     clock = time.strftime("%H:%M:%S", time.localtime(sample.time))

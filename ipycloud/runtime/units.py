@@ -18,6 +18,11 @@ def format_bytes(value: float | None) -> str:
     return f"{value:.1f} TiB"
 
 
+def format_percent(value: float | None) -> str:
+    """A percentage 0-100 to the whole percent: ``42%``; None as n/a."""
+    return NA if value is None else f"{value:.0f}%"
+
+
 def format_duration(seconds: float | None) -> str:
     """Seconds as ``12 h`` or ``1 h 30 min``; None as "none known"."""
     if seconds is None:

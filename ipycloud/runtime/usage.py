@@ -139,9 +139,10 @@ class UsageTracker:
             self._newest = sample
             self._count += 1
 
-    def attach(self, sampler: Sampler) -> Subscription:
-        """Count every sample ``sampler`` takes from now on."""
-        return sampler.subscribe(self.add)
+    def attach(self, sampler: Sampler, *, interval: float | None = None) -> Subscription:
+        """Count every sample ``sampler`` takes from now on, one at least every ``interval``
+        seconds when given."""
+        return sampler.subscribe(self.add, interval=interval)
 
     def report(self, *, instance: str | None = None,
                prices: PriceSource | None = None) -> UsageReport:
@@ -230,6 +231,11 @@ class UsageReport:
     comparison_rule: str
     comparison: tuple[Cost, ...]  # the same time on other instances, cheapest first
     prices_about: str
+
+    @property
+    def ram_peak_percent(self) -> float | None:
+        """The RAM peak as a percentage of the limit at that moment."""
+        return _fraction(self.ram_peak, self.ram_limit)
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data; the keys are the field names above."""

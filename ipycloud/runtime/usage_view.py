@@ -8,8 +8,8 @@ import io
 import time
 from typing import TYPE_CHECKING
 
-from ipycloud.runtime.tables import Table, aligned_lines, html_table
-from ipycloud.runtime.units import NA, format_bytes, format_duration
+from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
+from ipycloud.runtime.units import NA, format_bytes, format_duration, format_percent
 
 if TYPE_CHECKING:
     from ipycloud.runtime.prices import Cost
@@ -29,10 +29,10 @@ def summary(report: UsageReport) -> list[tuple[str, str]]:
                     f"samples{gaps}"),
         ("GPU-hours", f"{report.gpu_hours:.2f} ({report.gpu_count} GPU"
                       f"{'' if report.gpu_count == 1 else 's'})"),
-        ("CPU", f"average {_percent(report.cpu_average_percent)}, "
-                f"peak {_percent(report.cpu_peak_percent)}"),
+        ("CPU", f"average {format_percent(report.cpu_average_percent)}, "
+                f"peak {format_percent(report.cpu_peak_percent)}"),
         ("RAM", f"peak {format_bytes(report.ram_peak)} of {format_bytes(report.ram_limit)} "
-                f"({_percent(_share(report.ram_peak, report.ram_limit))}), "
+                f"({format_percent(report.ram_peak_percent)}), "
                 f"average {format_bytes(report.ram_average)}"),
         ("Instance", f"{cost.instance} ({report.cost_basis})" if cost else
          f"not known: {report.cost_basis}; pass instance= with a key of the price table"),
@@ -46,11 +46,11 @@ def gpu_table(report: UsageReport) -> Table:
                f"Idle (<{report.idle_below_percent:g}%)", "Memory avg", "Memory peak",
                "Memory total")
     rows = [(str(gpu.index), gpu.name, format_duration(gpu.seconds),
-             _percent(gpu.utilization_average), _percent(gpu.utilization_peak),
+             format_percent(gpu.utilization_average), format_percent(gpu.utilization_peak),
              NA if gpu.idle_seconds is None else f"{format_duration(gpu.idle_seconds)} "
-             f"({_percent(None if gpu.idle_share is None else 100 * gpu.idle_share)})",
-             f"{format_bytes(gpu.memory_average)} ({_percent(gpu.memory_average_percent)})",
-             f"{format_bytes(gpu.memory_peak)} ({_percent(gpu.memory_peak_percent)})",
+             f"({format_percent(None if gpu.idle_share is None else 100 * gpu.idle_share)})",
+             f"{format_bytes(gpu.memory_average)} ({format_percent(gpu.memory_average_percent)})",
+             f"{format_bytes(gpu.memory_peak)} ({format_percent(gpu.memory_peak_percent)})",
              format_bytes(gpu.memory_total)) for gpu in report.gpus]
     return headers, rows
 
@@ -67,9 +67,7 @@ def comparison_table(report: UsageReport) -> Table:
 
 def text(report: UsageReport) -> str:
     """The report as aligned text."""
-    rows = summary(report)
-    width = max(len(label) for label, _ in rows)
-    lines = [f"{label.ljust(width)}  {value}" for label, value in rows]
+    lines = label_lines(summary(report))
     for title, (headers, table_rows) in _tables(report):
         lines += ["", title, *aligned_lines(headers, table_rows)]
     return "\n".join([*lines, "", *_notes(report)])
@@ -77,10 +75,7 @@ def text(report: UsageReport) -> str:
 
 def html_report(report: UsageReport) -> str:
     """The report as HTML."""
-    body = "".join(f"<tr><th style='text-align:left'>{html.escape(label)}</th>"
-                   f"<td style='text-align:left'>{html.escape(value)}</td></tr>"
-                   for label, value in summary(report))
-    parts = [f"<table class='ipycloud-usage'>{body}</table>"]
+    parts = [html_pairs(summary(report), "ipycloud-usage")]
     parts += [f"<h4>{html.escape(title)}</h4>{html_table(table)}"
               for title, table in _tables(report)]
     parts += [f"<p><small>{html.escape(note)}</small></p>" for note in _notes(report)]
@@ -133,14 +128,6 @@ def _cost_text(cost: Cost) -> str:
 
 def _clock(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
-
-
-def _percent(value: float | None) -> str:
-    return NA if value is None else f"{value:.0f}%"
-
-
-def _share(part: float | None, whole: int) -> float | None:
-    return None if part is None or not whole else 100 * part / whole
 
 
 def _usd(value: float) -> str:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from ipycloud.runtime.messages import one_line
-from ipycloud.runtime.readings import Reading, ram_limit_name, readings
+from ipycloud.runtime.readings import Reading, readings
+from ipycloud.runtime.sampler import MAX_INTERVAL_S
 from ipycloud.runtime.units import format_duration
 from ipycloud.widgets.rows import RowWidgets, set_changed
 from ipycloud.widgets.sparkline import Trace
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from ipycloud.runtime.samples import Sample
 
 MIN_INTERVAL = 0.1  # s: faster than a browser can usefully redraw the panel
-MAX_INTERVAL = 3600.0
 MAX_HISTORY = 86400.0
 DEFAULT_HISTORY = 300.0
 # A sample this close (as a fraction of the interval) to the last one shown is skipped, so
@@ -43,10 +43,9 @@ class Dashboard:
         self.interval = interval
         self.history = history
         first = sampler.sample_now()
-        self._ram_limit_name = ram_limit_name(first)
         self._traces: dict[str, Trace] = {}
         self.rows: dict[str, RowWidgets] = {}
-        for reading in readings(first, self._ram_limit_name):
+        for reading in readings(first):
             self.rows[reading.key] = RowWidgets(reading)
             if reading.traced:
                 self._traces[reading.key] = Trace(history, len(reading.gauges))
@@ -114,7 +113,7 @@ class Dashboard:
 
     def _record(self, sample: Sample) -> list[Reading]:
         """The sample's readings, added to the sparklines' traces."""
-        rows = readings(sample, self._ram_limit_name)
+        rows = readings(sample)
         for reading in rows:
             trace = self._traces.get(reading.key)
             if trace is not None:
@@ -132,8 +131,8 @@ class Dashboard:
 
 def check_pace(interval: float, history: float) -> None:
     """ValueError (one line) unless the interval and history are sensible for a panel."""
-    if not (math.isfinite(interval) and MIN_INTERVAL <= interval <= MAX_INTERVAL):
-        raise ValueError(f"the interval must be from {MIN_INTERVAL:g} to {MAX_INTERVAL:g} "
+    if not (math.isfinite(interval) and MIN_INTERVAL <= interval <= MAX_INTERVAL_S):
+        raise ValueError(f"the interval must be from {MIN_INTERVAL:g} to {MAX_INTERVAL_S:g} "
                          f"seconds, not {interval:g}")
     if not (math.isfinite(history) and interval < history <= MAX_HISTORY):
         raise ValueError(f"the history must be longer than the interval ({interval:g} s) and "

@@ -32,7 +32,6 @@ class RowWidgets:
     """The label, one bar and text per gauge, the detail and the sparkline of one reading."""
 
     def __init__(self, reading: Reading) -> None:
-        self.key = reading.key
         self.label = widgets.Label(reading.label, layout=_fixed(LABEL_WIDTH))
         self.bars = [widgets.FloatProgress(min=0.0, max=100.0, description=gauge.name,
                                            style={"description_width": "4em"},

@@ -3,11 +3,15 @@
 The picture is a function of the values only: each pixel column shows the peak of the
 samples that fall in it, and runs of equal height collapse to their two ends, so a flat
 trace over the whole window gives the same SVG tick after tick (and no widget message).
-No ipywidgets here: the dashboard puts the string in a ``widgets.HTML``.
+A Trace folds each sample into its column as it comes, the columns fixed in absolute
+time, so it keeps at most a column's worth of figures per pixel and a redraw costs the
+same for a 24-hour history as for a minute. No ipywidgets here: the dashboard puts the
+string in a ``widgets.HTML``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from html import escape
@@ -20,26 +24,37 @@ Point = tuple[float, Sequence[float | None]]  # time.time() seconds, one value 0
 
 
 class Trace:
-    """A row's samples within the window (plus the one just before it), oldest first."""
+    """A row's history within the window (plus the column just before it), oldest first,
+    as one point per pixel column: the time of the column's newest sample and the peak of
+    each series over the column's samples."""
 
-    def __init__(self, window: float, series: int) -> None:
+    def __init__(self, window: float, series: int, width: int = WIDTH) -> None:
         self.window = window
         self.series = series
-        self._points: deque[Point] = deque()
+        self.width = width
+        self._column_s = window / width
+        self._columns: deque[tuple[int, Point]] = deque()  # (column number, its point)
 
     def add(self, time: float, values: Sequence[float | None]) -> None:
-        """Append a sample and forget those no longer needed to draw the window."""
-        self._points.append((time, tuple(values)))
+        """Fold a sample into its column and forget the columns no longer needed."""
+        column = math.floor(time / self._column_s)
+        if self._columns and self._columns[-1][0] == column:
+            peaks = self._columns[-1][1][1]
+            values = [_peak(peak, value) for peak, value in zip(peaks, values, strict=True)]
+            self._columns.pop()
+        self._columns.append((column, (time, tuple(values))))
         start = time - self.window
-        while len(self._points) > 1 and self._points[1][0] <= start:
-            self._points.popleft()
+        while len(self._columns) > 1 and self._columns[1][1][0] <= start:
+            self._columns.popleft()
 
     def __len__(self) -> int:
-        return len(self._points)
+        """How many points (columns) are kept."""
+        return len(self._columns)
 
     def svg(self, title: str = "") -> str:
         """The sparkline of the window ending at the newest sample."""
-        return sparkline_svg(list(self._points), self.window, self.series, title=title)
+        return sparkline_svg([point for _, point in self._columns], self.window, self.series,
+                             title=title, width=self.width)
 
 
 def sparkline_svg(points: Sequence[Point], window: float, series: int, *, title: str = "",
@@ -79,3 +94,8 @@ def _y(value: float, height: int) -> float:
     """Height in the picture of a value 0-100 (SVG y grows downwards; a pixel of margin)."""
     clamped = min(max(value, 0.0), 100.0)
     return round(height - 1 - clamped / 100 * (height - 2), 1)
+
+
+def _peak(a: float | None, b: float | None) -> float | None:
+    """The larger of two figures, either of which may be unknown."""
+    return b if a is None else a if b is None else max(a, b)
