@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -28,6 +29,7 @@ from ipycloud.runtime.checkpoint import (
     CheckpointManager,
     CheckpointWarning,
 )
+from ipycloud.runtime.durable import folder_lock
 
 
 def build(seed: int) -> dict[str, Any]:
@@ -131,6 +133,33 @@ def test_keep_last_keeps_exactly_the_newest(tmp_path: Path) -> None:
     assert steps_of(manager) == [5, 6, 7]
     assert checkpoint_files(folder) == [f"step-{step:09d}.{ext}" for step in (5, 6, 7)
                                         for ext in ("json", "pt")]
+
+
+def test_two_managers_saving_into_one_folder_take_turns_and_keep_both(tmp_path: Path) -> None:
+    """The name and sequence number are picked under the folder lock, not before it."""
+    tensors = [torch.full((3,), float(index)) for index in range(2)]
+    infos: dict[int, Any] = {}
+
+    def save(index: int) -> None:
+        manager = CheckpointManager(tmp_path, keep_last=None)
+        infos[index] = manager.save({"x": tensors[index]}, step=7)
+
+    threads = [threading.Thread(target=save, args=(index,)) for index in range(2)]
+    with folder_lock(tmp_path):  # another writer holds the folder: both saves wait
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(0.25)
+        assert all(thread.is_alive() for thread in threads)
+    for thread in threads:
+        thread.join(10)
+    assert sorted(info.name for info in infos.values()) == ["step-000000007",
+                                                            "step-000000007.1"]
+    assert sorted(info.sequence for info in infos.values()) == [1, 2]
+    for index, info in infos.items():
+        restored = {"x": torch.zeros(3)}
+        CheckpointManager(tmp_path).load(restored, info.name)
+        assert torch.equal(restored["x"], tensors[index])
 
 
 def test_keep_best_keeps_the_best_as_well(tmp_path: Path) -> None:

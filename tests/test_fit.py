@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -14,9 +15,9 @@ from checkpoint_helpers import differences
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.checkpoint import CheckpointManager, auto
 from ipycloud.runtime.train.data import loader
-from ipycloud.runtime.train.loop import NonFiniteLossError, fit
+from ipycloud.runtime.train.loop import NonFiniteLossError, _to_device, fit
 
 
 def classification_data(samples: int = 256, features: int = 8, seed: int = 0) -> TensorDataset:
@@ -135,6 +136,89 @@ def test_a_nan_loss_stops_the_run_naming_the_steps_and_spares_the_checkpoints(
     restored = mlp()
     manager.load({"model": restored}, strict=False)
     assert all(torch.isfinite(p).all() for p in restored.parameters())
+
+
+@pytest.fixture
+def auto_checkpoint(tmp_path: Path) -> Iterator[Any]:
+    """Register ``%checkpoint auto`` of a model into tmp_path/auto, as the magic does."""
+
+    def register(model: nn.Module, every_s: float) -> auto.AutoCheckpoint:
+        registration = auto.AutoCheckpoint(
+            manager=CheckpointManager(tmp_path / "auto", keep_last=None),
+            collect=lambda: {"model": model}, names=("model",), every_s=every_s)
+        auto.register(registration)
+        return registration
+
+    yield register
+    auto.unregister()
+
+
+def test_the_automatic_checkpoint_is_saved_between_steps_when_due(
+        tmp_path: Path, auto_checkpoint: Any) -> None:
+    model = mlp()
+    data = DataLoader(classification_data(64), batch_size=16)  # 4 steps an epoch
+    registration = auto_checkpoint(model, every_s=3600.0)
+    fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, precision="fp32",
+        device="cpu", progress=False)
+    assert not (tmp_path / "auto").exists()  # never due: nothing written
+    registration.every_s = 0.0  # due after every step
+    fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, precision="fp32",
+        device="cpu", progress=False)
+    manager = registration.manager
+    assert [info.step for info in manager.list()] == [0, 1, 2, 3]
+    restored = mlp()
+    manager.load({"model": restored})
+    assert differences(restored.state_dict(), model.state_dict()) == []  # after the last step
+
+
+def test_the_automatic_checkpoint_never_saves_a_nan_unseen(auto_checkpoint: Any) -> None:
+    model = mlp()
+    good = list(DataLoader(classification_data(64), batch_size=8))
+    poisoned = [*good, (torch.full((8, 8), float("nan")), good[0][1]), *good]
+    registration = auto_checkpoint(model, every_s=0.0)
+    with pytest.raises(NonFiniteLossError, match="optimizer steps 9 to 9"):
+        fit(model, torch.optim.SGD(model.parameters(), lr=0.1), poisoned, precision="fp32",
+            device="cpu", progress=False)
+    assert len(registration.manager.list()) == 8  # after steps 1 to 8, none after the NaN
+    restored = mlp()
+    registration.manager.load({"model": restored})
+    assert all(torch.isfinite(p).all() for p in restored.parameters())
+
+
+class Pair(NamedTuple):
+    inputs: torch.Tensor
+    labels: torch.Tensor
+
+
+class PairDataset(Dataset):
+    """Samples as namedtuples: the DataLoader collates them into namedtuple batches."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> Pair:
+        return Pair(*self.data[index])
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs CUDA: batches moved")),
+])
+def test_namedtuple_batches_train_and_keep_their_type_on_the_device(device: str) -> None:
+    batches = DataLoader(PairDataset(classification_data(64)), batch_size=16)
+    first = next(iter(batches))
+    assert isinstance(first, Pair)
+    moved = _to_device(first, torch.device(device))  # what fit does off the CPU
+    assert isinstance(moved, Pair) and moved.inputs.device.type == device
+    assert torch.equal(moved.labels.cpu(), first.labels)
+    model = mlp()
+    history = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, epochs=2,
+                  precision="fp32", device=device, progress=False)
+    assert history.steps[-1]["step"] == 8 and history.epochs[-1]["train_loss"] > 0
 
 
 def big_batch_run(batch_size: int, grad_accum: int) -> dict[str, torch.Tensor]:

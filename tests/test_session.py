@@ -103,7 +103,7 @@ def test_the_automatic_checkpoint_is_saved_first(tmp_path: Path, guard: SessionG
     model = torch.nn.Linear(3, 2)
     manager = CheckpointManager(tmp_path)
     auto.register(auto.AutoCheckpoint(manager=manager, collect=lambda: {"model": model},
-                                      names=("model",), every_s=None))
+                                      names=("model",), every_s=3600.0))
     seen: list[int] = []
     actions("after", lambda: seen.append(len(manager.list())))
     assert deadline.registered_actions() == ["checkpoint auto", "after"]
@@ -127,7 +127,7 @@ def test_a_failing_action_is_shown_and_the_others_still_run(
         raise KeyError("model")
 
     auto.register(auto.AutoCheckpoint(manager=CheckpointManager(tmp_path), collect=unsaveable,
-                                      names=("model",), every_s=None))
+                                      names=("model",), every_s=3600.0))
     ran: list[str] = []
 
     def after() -> str:
@@ -412,10 +412,10 @@ BAD_LINES = [
      "server active"),
     ("start --browser --no-browser", "%keepalive start: give --browser or --no-browser, not "
                                      "both"),
-    ("stop --interval 5", "%keepalive stop takes no options (got --interval); they belong to "
-                          "%keepalive start"),
-    ("status --no-browser", "%keepalive status takes no options (got --no-browser); they belong "
-                            "to %keepalive start"),
+    ("stop --interval 5", "%keepalive: --interval does not apply to stop (see %keepalive? for "
+                          "usage)"),
+    ("status --no-browser", "%keepalive: --no-browser does not apply to status (see %keepalive? "
+                            "for usage)"),
     ("start --interval '5", "%keepalive: No closing quotation (see %keepalive? for usage)"),
 ]
 

@@ -159,16 +159,18 @@ class CheckpointMagics(Magics):
     def _after_cell(self, result: Any) -> None:
         """Save the registered objects when a save is due; failures are shown, not raised."""
         from ipycloud.runtime.checkpoint import auto
+        from ipycloud.runtime.messages import describe_error
 
         registration = auto.registered()
-        if registration is None or not registration.due():
+        if registration is None:
             return
         try:
-            info = registration.save_now()
+            info = registration.maybe_save()
         except Exception as error:  # shown in the notebook, never swallowed
-            print(f"ipycloud: automatic checkpoint failed: {error}")
+            print(f"ipycloud: automatic checkpoint failed: {describe_error(error)}")
             return
-        print(f"ipycloud: automatic {info.summary()}")
+        if info is not None:
+            print(f"ipycloud: automatic {info.summary()}")
 
     def _variables(self, names: list[str] | tuple[str, ...], action: str) -> dict[str, Any]:
         from ipycloud.runtime.checkpoint.state import kind_of

@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import parse_line
+from ipycloud.magics._arguments import parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from ipycloud.runtime.session import GuardSettings, SessionGuard
 
 ACTIONS = ("start", "stop", "status")
-_START_OPTIONS = ("interval", "limit", "warn", "grace", "browser", "no_browser")
 
 
 @magics_class
@@ -76,11 +75,7 @@ class KeepaliveMagics(Magics):
         args = parse_line(self.keepalive, line)
         if args.action == "start":
             return self._start(args)
-        given = [f"--{name.replace('_', '-')}" for name in _START_OPTIONS
-                 if getattr(args, name) not in (None, False)]
-        if given:
-            raise UsageError(f"%keepalive {args.action} takes no options (got "
-                             f"{' '.join(given)}); they belong to %keepalive start")
+        refuse_options(self.keepalive, args, set(), args.action)  # options belong to start
         if args.action == "stop":
             return self._stop()
         return self._get_guard().status()

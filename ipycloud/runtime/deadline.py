@@ -14,11 +14,10 @@ does not stop the others; every failure is kept in the run's results for the gua
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.messages import describe_error
 
 Action = Callable[[], object]
 
@@ -52,11 +51,7 @@ def unregister_action(name: str) -> None:
 
 def registered_actions() -> list[str]:
     """The names of the actions a run would execute now, in order."""
-    from ipycloud.runtime.checkpoint import auto
-
-    with _actions_lock:
-        names = list(_actions)
-    return [AUTO_CHECKPOINT, *names] if auto.registered() is not None else names
+    return [name for name, _ in _snapshot()]
 
 
 @dataclass(frozen=True)
@@ -65,7 +60,6 @@ class ActionResult:
 
     name: str
     ok: bool
-    seconds: float
     detail: str
     error: BaseException | None = field(default=None, compare=False)
 
@@ -79,7 +73,6 @@ class ActionRun:
     """One run of the deadline actions; ``results`` fill in as each action finishes."""
 
     reason: str
-    started: float = field(default_factory=time.time)
     results: list[ActionResult] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -106,6 +99,11 @@ _current: ActionRun | None = None
 
 def run_actions(reason: str) -> ActionRun:
     """Run the deadline actions now, or join the run already in progress; returns the run."""
+    return run_or_join(reason)[0]
+
+
+def run_or_join(reason: str) -> tuple[ActionRun, bool]:
+    """``run_actions``, also saying whether this call joined a run already in progress."""
     global _current
     with _run_lock:
         joining = _current is not None and not _current.done.is_set()
@@ -115,13 +113,13 @@ def run_actions(reason: str) -> ActionRun:
     assert run is not None
     if joining:
         run.done.wait()
-        return run
+        return run, True
     try:
         for name, action in _snapshot():
             run.results.append(_execute(name, action))
     finally:
         run.done.set()
-    return run
+    return run, False
 
 
 def last_run() -> ActionRun | None:
@@ -141,13 +139,11 @@ def _snapshot() -> list[tuple[str, Action]]:
 
 
 def _execute(name: str, action: Action) -> ActionResult:
-    began = time.monotonic()
     try:
         value = action()
     except Exception as error:  # kept in the results and shown by the guard, never swallowed
-        return ActionResult(name, False, time.monotonic() - began,
-                            f"{type(error).__name__}: {one_line(error)}", error)
+        return ActionResult(name, False, describe_error(error), error)
     detail = "done" if value is None else " ".join(str(value).split())
     if len(detail) > _DETAIL_CHARS:
         detail = detail[:_DETAIL_CHARS - 1] + "…"
-    return ActionResult(name, True, time.monotonic() - began, detail)
+    return ActionResult(name, True, detail)

@@ -27,9 +27,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ipycloud.runtime.deadline import register_action, run_actions, unregister_action
+from ipycloud.runtime.deadline import register_action, run_or_join, unregister_action
 from ipycloud.runtime.guard_settings import GuardSettings, format_seconds
 from ipycloud.runtime.guard_status import GuardStatus
+from ipycloud.runtime.messages import describe_error
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -65,7 +66,6 @@ class SessionGuard:
         self.notify = notify
         self.platform = detect_platform()
         self.settings: GuardSettings | None = None  # None while stopped
-        self._limit: tuple[float | None, str] = (None, "")
         self._fired: set[float] = set()  # elapsed seconds of the warning points already handled
         self._lock = threading.RLock()  # re-entered by the SIGTERM handler on the main thread
         self._wake = threading.Event()
@@ -87,14 +87,14 @@ class SessionGuard:
         From the main thread it also handles SIGTERM; elsewhere it cannot.
         """
         settings = settings or GuardSettings()
-        limit = self._resolve_limit(settings)
-        if limit[0] is not None:
-            settings.check_limit(limit[0])
+        limit, _ = self._resolve_limit(settings)
+        if limit is not None:
+            settings.check_limit(limit)
         browser = self._browser_activity(settings)
         with self._lock:
             if self._browser is not None:
                 self._browser.stop()
-            self.settings, self._limit, self._browser = settings, limit, browser
+            self.settings, self._browser = settings, browser
             self._next_ping = 0.0
             if self._kernel is None:
                 self._kernel = _kernel_activity()
@@ -138,9 +138,9 @@ class SessionGuard:
 
     def run_actions(self, reason: str) -> ActionRun:
         """Run the deadline actions now (or join the run in progress) and report how it went."""
-        run = run_actions(reason)
-        joined = "" if run.reason == reason else f"{reason}: joined the run already in progress; "
-        self._notice(joined + run.describe())
+        run, joined = run_or_join(reason)
+        prefix = f"{reason}: joined the run already in progress; " if joined else ""
+        self._notice(prefix + run.describe())
         return run
 
     def status(self) -> GuardStatus:
@@ -149,7 +149,7 @@ class SessionGuard:
 
         with self._lock:
             settings = self.settings or GuardSettings()
-            limit, source = self._limit if self.running else self._resolve_limit(settings)
+            limit, source = self._resolve_limit(settings)
             run = last_run()
             return GuardStatus(
                 running=self.running, platform=self.platform.name, elapsed_s=self.elapsed(),
@@ -168,9 +168,10 @@ class SessionGuard:
         while True:
             with self._lock:
                 self._wake.clear()
-                settings, (limit, source) = self.settings, self._limit
+                settings = self.settings
                 if settings is None or self._thread is not threading.current_thread():
                     return
+                limit, source = self._resolve_limit(settings)
                 now = time.monotonic()
                 ping = now >= self._next_ping
                 if ping:
@@ -192,7 +193,7 @@ class SessionGuard:
                 self._kernel.ping()
             error = None
         except Exception as failure:  # reported once per distinct error, the thread goes on
-            error = f"activity ping failed: {type(failure).__name__}: {failure}"
+            error = f"activity ping failed: {describe_error(failure)}"
         if error != self._ping_error and error is not None:
             self._notice(error)
         self._ping_error = error
@@ -235,7 +236,7 @@ class SessionGuard:
             try:
                 self.notify(text)
             except Exception as error:  # a broken notifier must not stop the guard
-                self.notices.append(f"notify failed: {type(error).__name__}: {error}")
+                self.notices.append(f"notify failed: {describe_error(error)}")
 
     # -- SIGTERM ------------------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Automatic checkpoints: the live objects registered to be saved without being asked.
 
 ``%checkpoint auto model optimizer --every 10m`` registers them here. They are saved when
-a save is due (``maybe_save()``, called after each notebook cell and by training loops
-between steps) and when the session is about to end (``save_now()``, called by the
-session guard on deadline or SIGTERM). One registration per process.
+a save is due: after each notebook cell (``maybe_save()``) and between the optimizer steps
+of ``ipycloud.fit`` (on rank 0), and when the session is about to end (``save_now()``,
+called by the session guard on deadline or SIGTERM). One registration per process.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class AutoCheckpoint:
     manager: CheckpointManager
     collect: Callable[[], Mapping[str, Any]]  # the live objects, looked up at save time
     names: tuple[str, ...]
-    every_s: float | None  # None: only when asked (deadline, SIGTERM)
+    every_s: float  # seconds between saves
     last_saved_at: float = field(default_factory=time.monotonic)
     last_saved: CheckpointInfo | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -34,7 +34,7 @@ class AutoCheckpoint:
     def due(self, now: float | None = None) -> bool:
         """Whether ``every_s`` has passed since the last save."""
         now = time.monotonic() if now is None else now
-        return self.every_s is not None and now - self.last_saved_at >= self.every_s
+        return now - self.last_saved_at >= self.every_s
 
     def save_now(self) -> CheckpointInfo:
         """Save the registered objects now, as the next step in the folder.
@@ -54,10 +54,9 @@ class AutoCheckpoint:
 
     def describe(self) -> str:
         """One line of status for people."""
-        when = ("only on deadline or SIGTERM" if self.every_s is None
-                else f"every {format_duration(self.every_s)}")
         last = self.last_saved.name if self.last_saved else "nothing yet"
-        return (f"auto checkpoint of {', '.join(self.names)} {when} into "
+        return (f"auto checkpoint of {', '.join(self.names)} every "
+                f"{format_duration(self.every_s)} into "
                 f"{self.manager.directory}; last saved: {last}")
 
     def __str__(self) -> str:

@@ -86,16 +86,16 @@ class CheckpointManager:
         except OSError as error:
             raise CheckpointError(f"cannot create the folder {self.directory}: "
                                   f"{error.strerror or error}") from error
-        info = CheckpointInfo(
-            name=catalog.new_name(step, tag, self.directory), directory=self.directory,
-            step=step, sequence=self._next_sequence(), time=time.time(), tag=tag, epoch=epoch,
-            data_position=position, metrics=checked_metrics, objects=kinds,
-            rng=sorted(rng_states), versions=_versions())
+        details: dict[str, Any] = {
+            "step": step, "time": time.time(), "tag": tag, "epoch": epoch,
+            "data_position": position, "metrics": checked_metrics, "objects": kinds,
+            "rng": sorted(rng_states), "versions": _versions()}
         payload = {"format": catalog.FORMAT, "state": saved, "kinds": kinds, "rng": rng_states}
         if blocking:
-            return self._write(info, payload)
+            return self._write(details, payload)
         payload = self._buffers.copy(payload)
-        self._writer = threading.Thread(target=self._write_in_background, args=(info, payload),
+        self._writer = threading.Thread(target=self._write_in_background,
+                                        args=(details, payload),
                                         name="ipycloud-checkpoint-writer", daemon=True)
         self._writer.start()
         return None
@@ -110,16 +110,25 @@ class CheckpointManager:
             raise CheckpointError(f"the previous asynchronous save failed: {failure}") from failure
         return self._last_written
 
-    def _write_in_background(self, info: CheckpointInfo, payload: dict[str, Any]) -> None:
+    def _write_in_background(self, details: dict[str, Any], payload: dict[str, Any]) -> None:
         try:
-            self._write(info, payload)
+            self._write(details, payload)
         except BaseException as error:  # kept for the next call, never lost
             self._failure = error
 
-    def _write(self, info: CheckpointInfo, payload: dict[str, Any]) -> CheckpointInfo:
+    def _write(self, details: dict[str, Any], payload: dict[str, Any]) -> CheckpointInfo:
+        """Write one checkpoint; its name and sequence number are picked under the lock.
+
+        ``details`` are the CheckpointInfo fields other than name, directory and sequence.
+        """
         torch = require("torch", "torch")
         with folder_lock(self.directory):
             self._remove_leftovers()
+            infos, _ = catalog.read_catalog(self.directory)
+            info = CheckpointInfo(
+                name=catalog.new_name(details["step"], details["tag"], self.directory),
+                directory=self.directory, sequence=infos[-1].sequence + 1 if infos else 1,
+                **details)
             try:
                 digest = write_atomically(info.data_path,
                                           lambda file: _serialize(torch, payload, file))
@@ -133,7 +142,7 @@ class CheckpointManager:
                                       "are untouched") from error
             try:
                 catalog.write_latest_pointer(self.directory, info.name)
-                self._rotate(info)
+                self._rotate([*infos, info])
             except OSError as error:
                 raise CheckpointError(f"{info.name} is saved, but updating 'latest' or "
                                       f"removing old checkpoints failed: "
@@ -153,10 +162,10 @@ class CheckpointManager:
         if leftovers:
             fsync_folder(self.directory)
 
-    def _rotate(self, newest: CheckpointInfo) -> None:
-        """Delete what the keep rules no longer cover; runs only after ``newest`` is complete."""
-        infos, _ = catalog.read_catalog(self.directory)
-        keep = {newest.name} | {info.name for info in infos if info.tag}
+    def _rotate(self, infos: list[CheckpointInfo]) -> None:
+        """Delete what the keep rules no longer cover among ``infos`` (oldest first); runs
+        only after the newest, the last of them, is complete."""
+        keep = {infos[-1].name} | {info.name for info in infos if info.tag}
         untagged = [info for info in infos if not info.tag]
         if self.keep_last is None:
             keep |= {info.name for info in untagged}
@@ -174,10 +183,6 @@ class CheckpointManager:
             info.data_path.unlink(missing_ok=True)
         if doomed:
             fsync_folder(self.directory)
-
-    def _next_sequence(self) -> int:
-        infos, _ = catalog.read_catalog(self.directory)
-        return infos[-1].sequence + 1 if infos else 1
 
     # -- reading -----------------------------------------------------------------------------
 

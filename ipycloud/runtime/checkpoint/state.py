@@ -10,7 +10,7 @@ and this is checked before anything is written.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from ipycloud.runtime.checkpoint.errors import CheckpointError
@@ -171,23 +171,10 @@ class HostBuffers:
         """A copy of ``value`` whose tensors live in this object's host buffers."""
         import torch
 
-        copied = self._copy(value, ())
+        copied = map_tensors(value, self._copy_tensor)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()  # the non-blocking copies must land before writing
         return copied
-
-    def _copy(self, value: Any, path: tuple[Any, ...]) -> Any:
-        import torch
-
-        if isinstance(value, torch.Tensor):
-            return self._copy_tensor(value, path)
-        if isinstance(value, Mapping):
-            copied = {key: self._copy(item, (*path, key)) for key, item in value.items()}
-            return OrderedDict(copied) if isinstance(value, OrderedDict) else copied
-        if isinstance(value, list | tuple):
-            items = [self._copy(item, (*path, index)) for index, item in enumerate(value)]
-            return type(value)(items) if not hasattr(value, "_fields") else type(value)(*items)
-        return value  # immutable leaves
 
     def _copy_tensor(self, tensor: Any, path: tuple[Any, ...]) -> Any:
         import torch
@@ -200,3 +187,24 @@ class HostBuffers:
             self._buffers[path] = buffer
         buffer.copy_(tensor, non_blocking=tensor.is_cuda)
         return buffer
+
+
+def map_tensors(tree: Any, fn: Callable[[Any, tuple[Any, ...]], Any],
+                path: tuple[Any, ...] = ()) -> Any:
+    """``tree`` with every tensor replaced by ``fn(tensor, path)``.
+
+    ``path`` is the keys and indexes that lead from the root to the tensor. Mappings come
+    back as dicts (an OrderedDict as an OrderedDict), lists and tuples as their own type,
+    namedtuples included; other leaves as they are.
+    """
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return fn(tree, path)
+    if isinstance(tree, Mapping):
+        mapped = {key: map_tensors(value, fn, (*path, key)) for key, value in tree.items()}
+        return OrderedDict(mapped) if isinstance(tree, OrderedDict) else mapped
+    if isinstance(tree, list | tuple):
+        items = [map_tensors(item, fn, (*path, index)) for index, item in enumerate(tree)]
+        return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
+    return tree

@@ -123,15 +123,14 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, **overrides: Any
     import torch
     from torch.utils.data import DataLoader
 
-    from ipycloud.runtime import nvml
-    from ipycloud.runtime.hardware import probe_host
+    from ipycloud.runtime.hardware import usable_cpus
+    from ipycloud.runtime.train.device import usable_gpus
 
-    cores = probe_host().cpu_usable or 1
+    cores = usable_cpus() or 1
     workers = overrides.pop("num_workers", max(0, min(8, int(cores) - 1)))
-    gpu = bool(nvml.snapshot(with_processes=False).devices) and torch.version.cuda is not None
     settings: dict[str, Any] = {
         "num_workers": workers,
-        "pin_memory": gpu,
+        "pin_memory": bool(usable_gpus()),
         "persistent_workers": workers > 0,
         "generator": torch.Generator().manual_seed(torch.initial_seed()),
     }

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.train.xla import xla_available, xla_device
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.nvml import GpuInfo
 
 
 @dataclass(frozen=True)
@@ -28,19 +31,30 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     if device != "auto":
         chosen = torch.device(device) if not isinstance(device, torch.device) else device
         return DeviceChoice(chosen, chosen.type, "as requested")
-    from ipycloud.runtime import nvml
-
-    gpus = nvml.snapshot(with_processes=False).devices
-    if gpus and torch.version.cuda is not None:
+    gpus = usable_gpus()
+    if gpus:
         return DeviceChoice(torch.device("cuda", 0), "cuda",
                             f"{len(gpus)} NVIDIA GPU(s) visible, first: {gpus[0].name}")
     if xla_available():
-
         return DeviceChoice(xla_device(), "xla", "torch_xla is installed")
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return DeviceChoice(torch.device("mps"), "mps", "Apple GPU through Metal")
-    reason = "no GPU" + ("" if gpus else " visible") + ", no torch_xla, no MPS"
-    if gpus:
-        reason = "GPUs are visible but this torch has no CUDA build"
+    reason = ("GPUs are visible but this torch has no CUDA build"
+              if torch.version.cuda is None and _visible_gpus()
+              else "no GPU visible, no torch_xla, no MPS")
     return DeviceChoice(torch.device("cpu"), "cpu", reason)
+
+
+def usable_gpus() -> tuple[GpuInfo, ...]:
+    """The NVIDIA GPUs this process can train on: those NVML sees, none for a torch built
+    without CUDA. NVML finds them without initialising CUDA."""
+    import torch
+
+    return _visible_gpus() if torch.version.cuda is not None else ()
+
+
+def _visible_gpus() -> tuple[GpuInfo, ...]:
+    from ipycloud.runtime import nvml
+
+    return nvml.snapshot(with_processes=False).devices

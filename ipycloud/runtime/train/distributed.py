@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from multiprocessing import connection
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ipycloud.runtime.messages import describe_error
+from ipycloud.runtime.train.device import usable_gpus
+
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.context import ForkContext
@@ -219,7 +222,7 @@ def run_under_torchrun(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     import torch
     import torch.distributed as dist
 
-    backend = _auto_backend(_usable_gpu_count())
+    backend = _auto_backend(len(usable_gpus()))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     owns_group = not dist.is_initialized()
@@ -263,24 +266,13 @@ def _fork_context() -> ForkContext:
 
 
 def _plan(nprocs: int | None, backend: str) -> _Plan:
-    gpus, cpus = _usable_gpu_count(), _usable_cpus()
+    gpus, cpus = len(usable_gpus()), _usable_cpus()
     count = nprocs if nprocs is not None else (gpus or min(2, cpus))
     chosen = _auto_backend(gpus) if backend == "auto" else backend
     if chosen == "nccl":
         _check_nccl(count, gpus)
     return _Plan(nprocs=count, backend=chosen, use_cuda=0 < count <= gpus,
                  port=_free_port(), threads=max(1, cpus // count))
-
-
-def _usable_gpu_count() -> int:
-    """NVIDIA GPUs this process may use: NVML's visible devices, 0 for a CPU build of torch."""
-    import torch
-
-    if torch.version.cuda is None:
-        return 0
-    from ipycloud.runtime import nvml
-
-    return len(nvml.snapshot(with_processes=False).devices)
 
 
 def _auto_backend(gpus: int) -> str:
@@ -409,15 +401,13 @@ def _result_payload(value: Any) -> bytes:
         _ResultPickler(buffer, torch.Tensor).dump(("ok", value))
     except Exception as error:
         raise TypeError(f"the return value of fn cannot be sent to the notebook: "
-                        f"{type(error).__name__}: {error}") from error
+                        f"{describe_error(error)}") from error
     return buffer.getvalue()
 
 
 def _error_payload(error: BaseException) -> bytes:
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    lines = str(error).strip().splitlines()
-    summary = type(error).__name__ + (f": {lines[0]}" if lines else "")
-    return pickle.dumps(("error", summary, text, time.monotonic()))
+    return pickle.dumps(("error", describe_error(error), text, time.monotonic()))
 
 
 # -- collecting and stopping (in the notebook process) --------------------------------------
@@ -484,7 +474,7 @@ def _outcome(worker: _Worker) -> tuple[Any] | _Failure | None:
         except EOFError:  # it closed its end without reporting: it is exiting
             return _death(worker)
         except Exception as error:
-            summary = f"its return value cannot be unpickled: {type(error).__name__}: {error}"
+            summary = f"its return value cannot be unpickled: {describe_error(error)}"
             return _Failure(worker.rank, summary, True, time.monotonic())
         if message[0] == "ok":
             return (message[1],)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.checkpoint import auto
+from ipycloud.runtime.checkpoint.state import map_tensors
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.device import DeviceChoice, choose_device
 from ipycloud.runtime.train.history import History
@@ -75,7 +77,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     - ``checkpoint`` (a folder or a CheckpointManager) is saved every ``checkpoint_every``
       ("10m", or an int number of steps) and at the end; ``resume="auto"`` continues from
       its latest checkpoint, mid-epoch included. ``resume=False`` starts afresh; a step or
-      tag resumes from that checkpoint.
+      tag resumes from that checkpoint. Objects registered with ``%checkpoint auto`` are
+      also saved between optimizer steps when their save is due.
     - ``callbacks`` may define ``on_step_end(step, logs)``, ``on_epoch_end(epoch, logs)``
       and ``on_checkpoint(info)``.
     - ``seed`` fixes the data order (default: ``torch.initial_seed()``).
@@ -111,6 +114,7 @@ class _Trainer:
         self.main = distributed.is_main_process()
         self.model = distributed.wrap_for_distributed(self.raw_model, self.device)
         self.optimizer, self.scheduler = optimizer, scheduler
+        self._steps_on_metric = scheduler is not None and _steps_on_metric(scheduler)
         self.scaler = plan.precision.scaler(self.device)
         self.loss_fn = loss_fn
         self.loss_rule: LossRule | None = None
@@ -145,6 +149,8 @@ class _Trainer:
                         self._log(bar)  # never checkpoint a NaN unseen
                         self._save(manager, blocking=False)
                         last_save, saved_steps = time.monotonic(), self.position.step
+                    if self.main:
+                        self._auto_checkpoint(bar)
                     if self._finished():
                         break
                 else:
@@ -234,7 +240,7 @@ class _Trainer:
             xla.optimizer_step(self.optimizer)
         else:
             self.optimizer.step()
-        if self.scheduler is not None and not _steps_on_metric(self.scheduler):
+        if self.scheduler is not None and not self._steps_on_metric:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -289,7 +295,7 @@ class _Trainer:
             logs["train_loss"] = sum(epoch_steps) / len(epoch_steps)
         if val_data is not None:
             logs.update(self._validate(val_data))
-            if self.scheduler is not None and _steps_on_metric(self.scheduler):
+            if self._steps_on_metric:
                 self.scheduler.step(logs["val_loss"])
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
@@ -306,7 +312,7 @@ class _Trainer:
         import torch
 
         self.model.eval()
-        total, correct, count, batches = None, 0, 0, 0
+        total, correct, count, batches = None, None, 0, 0  # sums stay on the device
         with torch.no_grad():
             for batch in self._on_device(val_data):
                 outputs, targets, loss = self._forward(batch)
@@ -314,14 +320,15 @@ class _Trainer:
                 total = loss if total is None else total + loss
                 batches += 1
                 if self.loss_rule is not None and self.loss_rule.classification:
-                    correct += int((outputs.argmax(-1) == targets).sum())
+                    hits = (outputs.argmax(-1) == targets).sum()
+                    correct = hits if correct is None else correct + hits
                     count += targets.numel()
         self.model.train()
         if total is None:
             raise ValueError("val_data is empty: it gave no batch")
         metrics = {"val_loss": float(total.item()) / batches}
-        if count:
-            metrics["val_accuracy"] = correct / count
+        if correct is not None and count:
+            metrics["val_accuracy"] = int(correct.item()) / count
         return metrics
 
     # -- bounds and checkpoints -----------------------------------------------------------
@@ -364,6 +371,18 @@ class _Trainer:
                      data_position=position, blocking=blocking)
         if blocking:
             self._report_checkpoint(manager.wait())
+
+    def _auto_checkpoint(self, bar: Progress) -> None:
+        """Save the ``%checkpoint auto`` objects when due: between steps their state is whole.
+
+        Checks ``due()`` first so that the losses are read (and a NaN stops the run) before
+        a save, never on the other steps.
+        """
+        registration = auto.registered()
+        if registration is None or not registration.due():
+            return
+        self._log(bar)
+        bar.say(f"ipycloud: automatic {registration.save_now().summary()}")
 
     def _report_checkpoint(self, info: Any) -> None:
         if info is None or info.name == self._reported_checkpoint:
@@ -499,16 +518,8 @@ def _call(model: Any, inputs: Any) -> Any:
 
 
 def _to_device(batch: Any, device: Any) -> Any:
-    """Move every tensor of a batch to ``device``."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(_to_device(value, device) for value in batch)
-    return batch
+    """Move every tensor of a batch (mappings, lists, tuples, namedtuples) to ``device``."""
+    return map_tensors(batch, lambda tensor, _path: tensor.to(device, non_blocking=True))
 
 
 def _steps_on_metric(scheduler: Any) -> bool:

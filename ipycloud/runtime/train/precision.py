@@ -21,12 +21,16 @@ class Precision:
         return self.name == "fp16"
 
     def autocast(self, device: Any) -> contextlib.AbstractContextManager[Any]:
-        """The autocast context for one forward pass on ``device``."""
+        """The autocast context for one forward pass on ``device`` (XLA: ``xla.autocast``)."""
         import torch
 
-        if self.name == "fp32":
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.name]
+        if device.type == "xla":
+            from ipycloud.runtime.train import xla
+
+            return xla.autocast(dtype)
+        if dtype == torch.float32:
             return contextlib.nullcontext()
-        dtype = torch.bfloat16 if self.name == "bf16" else torch.float16
         return torch.autocast(device_type=device.type, dtype=dtype)
 
     def scaler(self, device: Any) -> Any:

@@ -1,8 +1,8 @@
 """XLA (torch_xla) for the training loop: small wrappers, each naming the torch_xla call.
 
 The loop imports nothing from torch_xla itself. On XLA, operations are traced lazily and run
-when the step is cut (``torch_xla.sync()``): by :func:`device_loader` between batches, by
-:func:`to_cpu` or by :func:`step_barrier`. Reading a value on the host (``.item()``,
+when the step is cut (``torch_xla.sync()``): by :func:`device_loader` between batches or by
+:func:`to_cpu`. Reading a value on the host (``.item()``,
 ``.cpu()``, ``print``) runs the graph that value needs at once and waits for it: sum the loss
 on the device and read it once per progress interval, not every step.
 
@@ -47,19 +47,12 @@ def xla_device() -> torch.device:
     return torch_xla.device()
 
 
-def is_xla_device(device: torch.device | str) -> bool:
-    """Whether ``device`` (a torch.device or a string such as ``"xla:0"``) is an XLA device."""
-    import torch
-
-    return torch.device(device).type == "xla"
-
-
 def device_loader(loader: Iterable[Any], device: torch.device) -> Iterable[Any]:
     """Batches of ``loader`` moved to ``device`` ahead of use by background threads:
     ``torch_xla.distributed.parallel_loader.ParallelLoader``, as ``MpDeviceLoader`` does.
 
     Before each batch after the first it cuts the step (``torch_xla.sync()``) unless
-    :func:`to_cpu` or :func:`step_barrier` already did, and it cuts at the end of the pass: a
+    :func:`to_cpu` already did, and it cuts at the end of the pass: a
     loop fed by it needs no cut of its own. Unlike ``MpDeviceLoader``, an error raised by
     ``loader`` is raised here, after the batches before it (torch_xla only prints it from
     its thread and ends the pass early), and a pass left early stops its threads.
@@ -126,25 +119,15 @@ class _ErrorKeeping:
             self.error = error
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+def optimizer_step(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.step()`` after averaging gradients over replicas: ``xm.optimizer_step``.
 
-    It does not cut the step (``barrier=False``): :func:`device_loader` or
-    :func:`step_barrier` does. ``scaler`` must be None: a GradScaler belongs to float16,
-    and precision on XLA is bfloat16 or float32.
+    It does not cut the step (``barrier=False``): :func:`device_loader` does.
     """
-    if scaler is not None:
-        raise ValueError("XLA trains in bfloat16 or float32: a GradScaler (float16) has no use")
     require("torch_xla", "xla")
     import torch_xla.core.xla_model as xm
 
     xm.optimizer_step(optimizer)
-
-
-def step_barrier() -> None:
-    """Cut the traced graph and launch it: ``torch_xla.sync()`` (formerly ``xm.mark_step``)."""
-    require("torch_xla", "xla").sync()
-    _Cuts.pending = False
 
 
 def autocast(dtype: torch.dtype) -> AbstractContextManager[Any]:
@@ -163,43 +146,21 @@ def autocast(dtype: torch.dtype) -> AbstractContextManager[Any]:
 
 
 def to_cpu(tree: Any) -> Any:
-    """``tree`` (nested dicts, lists, tuples) with every tensor replaced by a copy on the CPU.
+    """``tree`` (nested mappings, lists, tuples) with every tensor replaced by a CPU copy.
 
     For checkpoints: ``torch.save`` keeps XLA tensors on XLA, so loading them would need
     torch_xla, and a tensor already on the CPU (an optimizer's step count) is copied too,
     since training goes on changing it. When a batch went out since the last cut, the step
-    is cut first (``torch_xla.sync(wait=True)``), in place of the device loader's next cut,
-    so the copies are plain transfers. Other leaves are returned as they are; containers
-    come back as plain dict, list and tuple.
+    is cut (``torch_xla.sync(wait=True)``) before the first XLA tensor is copied, in place
+    of the device loader's next cut, so the copies are plain transfers. Other leaves are
+    returned as they are; containers as ``map_tensors`` rebuilds them.
     """
-    import torch
+    from ipycloud.runtime.checkpoint.state import map_tensors
 
-    if _Cuts.pending and _has_xla_tensor(tree):
-        require("torch_xla", "xla").sync(wait=True)
-        _Cuts.pending = False
+    def copy(tensor: Any, _path: tuple[Any, ...]) -> Any:
+        if _Cuts.pending and tensor.device.type == "xla":
+            require("torch_xla", "xla").sync(wait=True)
+            _Cuts.pending = False
+        return tensor.detach().to("cpu", copy=True)
 
-    def copy(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {key: copy(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [copy(value) for value in node]
-        if isinstance(node, tuple):
-            return tuple(copy(value) for value in node)
-        if isinstance(node, torch.Tensor):
-            return node.detach().to("cpu", copy=True)
-        return node
-
-    return copy(tree)
-
-
-def _has_xla_tensor(tree: Any) -> bool:
-    if isinstance(tree, dict):
-        return any(_has_xla_tensor(value) for value in tree.values())
-    if isinstance(tree, list | tuple):
-        return any(_has_xla_tensor(value) for value in tree)
-    return _is_xla_tensor(tree)
-
-
-def _is_xla_tensor(value: Any) -> bool:
-    device = getattr(value, "device", None)
-    return getattr(device, "type", None) == "xla"
+    return map_tensors(tree, copy)
