@@ -135,8 +135,8 @@ def with_dashboard(kernel: Kernel, runs: list[dict[str, float]]) -> int:
 
 def tick_cost() -> dict[str, float]:
     """Milliseconds one take_sample() and one Dashboard.update() take here (medians)."""
-    from ipycloud.runtime.probe import take_sample
-    from ipycloud.runtime.sampler import Sampler
+    from ipycloud.runtime.monitor.probe import take_sample
+    from ipycloud.runtime.monitor.sampler import Sampler
     from ipycloud.widgets.dashboard import Dashboard
 
     dashboard = Dashboard(Sampler(), interval=1.0)  # not started: updates are driven here

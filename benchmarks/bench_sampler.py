@@ -23,11 +23,11 @@ from pathlib import Path
 
 import psutil
 
-from ipycloud.runtime import nvml
-from ipycloud.runtime.cgroup import read_cgroup_limits
-from ipycloud.runtime.probe import Probe, _memory
-from ipycloud.runtime.sampler import shared_sampler
-from ipycloud.runtime.samples import Sample
+from ipycloud.runtime.machine import nvml
+from ipycloud.runtime.machine.cgroup import read_cgroup_limits
+from ipycloud.runtime.monitor.probe import Probe, _memory
+from ipycloud.runtime.monitor.sampler import shared_sampler
+from ipycloud.runtime.monitor.samples import Sample
 
 RESULTS = Path(__file__).parent / "results" / "sampler.json"
 RATES = {"1 Hz": (1.0, 60.0, 0.1), "10 Hz": (0.1, 20.0, 1.0)}  # interval, seconds, goal %

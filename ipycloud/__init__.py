@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 # Public names served from the runtime on first access, so ``import ipycloud`` stays light.
 _LAZY_ATTRIBUTES = {
-    "environment_report": "ipycloud.runtime.report",
-    "detect_platform": "ipycloud.runtime.platform",
+    "environment_report": "ipycloud.runtime.machine.report",
+    "detect_platform": "ipycloud.runtime.machine.platform",
     "CheckpointManager": "ipycloud.runtime.checkpoint",
     "fit": "ipycloud.runtime.train.loop",
     "History": "ipycloud.runtime.train.history",
@@ -30,15 +30,16 @@ _LAZY_ATTRIBUTES = {
     "BackgroundSync": "ipycloud.runtime.storage.background",
     "kaggle_download": "ipycloud.runtime.storage.kaggle",
     "gdrive_download": "ipycloud.runtime.storage.gdrive",
-    "start_monitoring": "ipycloud.runtime.monitoring",
-    "stop_monitoring": "ipycloud.runtime.monitoring",
-    "shared_sampler": "ipycloud.runtime.sampler",
-    "usage_report": "ipycloud.runtime.usage",
+    "start_monitoring": "ipycloud.runtime.monitor.session",
+    "stop_monitoring": "ipycloud.runtime.monitor.session",
+    "shared_sampler": "ipycloud.runtime.monitor.sampler",
+    "usage_report": "ipycloud.runtime.monitor.usage",
     "live_dashboard": "ipycloud.widgets.dashboard",
-    "SessionGuard": "ipycloud.runtime.session",
-    "GuardSettings": "ipycloud.runtime.guard_settings",
-    "register_action": "ipycloud.runtime.deadline",
-    "unregister_action": "ipycloud.runtime.deadline",
+    "SessionGuard": "ipycloud.runtime.guard.guard",
+    "session_guard": "ipycloud.runtime.guard.guard",
+    "GuardSettings": "ipycloud.runtime.guard.settings",
+    "register_action": "ipycloud.runtime.guard.deadline",
+    "unregister_action": "ipycloud.runtime.guard.deadline",
 }
 
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]

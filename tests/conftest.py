@@ -11,7 +11,19 @@ from fake_nvml import BOARDS, FakeBoard, build_module
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from ipycloud.runtime import nvml
+from ipycloud.runtime.machine import nvml
+from ipycloud.runtime.per_process import reset_process_state
+
+# Fixtures of the loopback servers, for any test module that names them.
+pytest_plugins = ["http_server", "gdrive_server", "kaggle_server"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state() -> Iterator[None]:
+    """Each test starts and ends without the sampler, guard, syncs or managers of another."""
+    reset_process_state()
+    yield
+    reset_process_state()
 
 
 @pytest.fixture

@@ -451,15 +451,15 @@ class FakeDrive:
 
 
 @pytest.fixture(scope="session")
-def _drive_certificates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+def drive_certificates(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return make_certificates(tmp_path_factory.mktemp("gdrive-tls"))
 
 
 @pytest.fixture
-def gdrive_server(_drive_certificates: tuple[Path, Path, Path],
+def gdrive_server(drive_certificates: tuple[Path, Path, Path],
                   monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDrive]:
     """A started fake Drive that requests (hence gdown) reach via HTTPS_PROXY."""
-    drive = FakeDrive(_drive_certificates)
+    drive = FakeDrive(drive_certificates)
     drive.start()
     for name in ("no_proxy", "NO_PROXY", "CURL_CA_BUNDLE", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)

@@ -15,12 +15,18 @@ import nbformat
 import pytest
 from fake_nvml import BOARDS
 from IPython.core.interactiveshell import InteractiveShell
-from test_kernel import execute, outputs
+from kernels import execute, outputs
 from waiting import wait_for
 
-from ipycloud.runtime.cells import CellRecord, CellRecorder, CellTable, excerpt, format_change
-from ipycloud.runtime.sampler import Sampler
-from ipycloud.runtime.samples import GpuSample, Sample
+from ipycloud.runtime.monitor.cells import (
+    CellRecord,
+    CellRecorder,
+    CellTable,
+    excerpt,
+    format_change,
+)
+from ipycloud.runtime.monitor.sampler import Sampler
+from ipycloud.runtime.monitor.samples import GpuSample, Sample
 
 MIB = 2**20
 GIB = 2**30
@@ -310,8 +316,10 @@ def test_table_text_and_html() -> None:
 
 
 def test_table_with_nothing_recorded_says_how_to_start() -> None:
-    assert str(CellTable([])) == (
+    assert str(CellTable([], start_hint="%dashboard --cells")) == (
         "no cells recorded yet: start recording with %dashboard --cells, then run cells")
+    assert str(CellTable([])) == (  # in Python's words unless a front gives its own
+        "no cells recorded yet: start recording with CellRecorder.start(), then run cells")
     assert CellTable([])._repr_html_() == f"<p>{CellTable([])}</p>"
     assert [format_change(value) for value in (None, 0, 5, -2 * GIB)] == [
         "n/a", "0 B", "+5 B", "-2.0 GiB"]
@@ -321,8 +329,8 @@ def test_cells_recorded_in_a_real_kernel(tmp_path: Path) -> None:
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in (
         "%load_ext ipycloud\n"
-        "from ipycloud.runtime.cells import CellRecorder\n"
-        "from ipycloud.runtime.sampler import shared_sampler\n"
+        "from ipycloud.runtime.monitor.cells import CellRecorder\n"
+        "from ipycloud.runtime.monitor.sampler import shared_sampler\n"
         "recorder = CellRecorder(get_ipython(), shared_sampler())\n"
         "recorder.start()",
         "blob = bytearray(100 * 2**20)",

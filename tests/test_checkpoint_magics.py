@@ -167,6 +167,7 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch'"),
         ("auto", "name the variables to save"),
         ("auto model --every soon", "'soon' is not a duration"),
+        ("auto model --every -5m", "%checkpoint: argument --every: '-5m' is not a duration"),
         ("auto nothing_here", "no variable named 'nothing_here'"),
     ],
 )

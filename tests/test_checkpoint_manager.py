@@ -23,13 +23,13 @@ import torch
 from checkpoint_helpers import differences, in_child
 from torch import nn
 
-from ipycloud.runtime import platform
 from ipycloud.runtime.checkpoint import (
     CheckpointError,
     CheckpointManager,
     CheckpointWarning,
 )
 from ipycloud.runtime.durable import folder_lock
+from ipycloud.runtime.machine import platform
 
 
 def build(seed: int) -> dict[str, Any]:

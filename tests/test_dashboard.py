@@ -18,15 +18,15 @@ import pytest
 import traitlets
 from fake_nvml import BOARDS, FakeBoard
 from IPython.core.error import UsageError
-from test_kernel import execute, outputs
+from kernels import execute, outputs
 from waiting import wait_for
 
-from ipycloud.runtime import usage
-from ipycloud.runtime.readings import DANGER_AT, WARNING_AT, level, readings
-from ipycloud.runtime.sampler import Sampler, shared_sampler
-from ipycloud.runtime.samples import DiskSample, GpuSample, Sample
-from ipycloud.runtime.textview import text_view
-from ipycloud.runtime.usage import shared_tracker
+from ipycloud.runtime.monitor import usage
+from ipycloud.runtime.monitor.readings import DANGER_AT, WARNING_AT, level, readings
+from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
+from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
+from ipycloud.runtime.monitor.textview import text_view
+from ipycloud.runtime.monitor.usage import shared_tracker
 from ipycloud.widgets.dashboard import Dashboard
 from ipycloud.widgets.sparkline import HEIGHT, WIDTH, Trace, sparkline_svg
 
@@ -123,7 +123,7 @@ def test_the_panel_follows_the_sampler(sampler) -> None:
 def test_gpu_rows_come_from_nvml_through_take_sample(sampler, board) -> None:
     t4 = dataclasses.replace(BOARDS["1xT4"].gpus[0])  # a copy this test may change
     board(FakeBoard([t4, dataclasses.replace(t4, uuid=t4.uuid[:-1] + "9")]))
-    from ipycloud.runtime.probe import take_sample
+    from ipycloud.runtime.monitor.probe import take_sample
 
     dashboard = Dashboard(sampler(take_sample, interval=0.1), interval=0.1, history=60).start()
     assert list(dashboard.rows)[:2] == ["gpu0", "gpu1"]
@@ -328,10 +328,10 @@ def test_the_report_as_text_json_and_csv(magic_shell, tmp_path: Path) -> None:
 
 
 def test_a_report_without_samples_is_one_line(magic_shell, monkeypatch) -> None:
-    monkeypatch.setattr(usage, "shared_tracker", usage.UsageTracker)  # a fresh, empty one
     with pytest.raises(UsageError) as caught:
         magic_shell.run_line_magic("dashboard", "report")
-    assert str(caught.value) == f"%dashboard report: {usage.NO_SAMPLES}"
+    assert str(caught.value) == ("%dashboard report: no samples recorded yet: start monitoring "
+                                 "with %dashboard (or ipycloud.start_monitoring())")
 
 
 @pytest.mark.parametrize(
@@ -340,13 +340,17 @@ def test_a_report_without_samples_is_one_line(magic_shell, monkeypatch) -> None:
         ("--bogus", "%dashboard: unrecognized arguments: --bogus (see %dashboard? for usage)"),
         ("bogus", "argument action: invalid choice: 'bogus'"),
         ('"unclosed', "No closing quotation"),
-        ("--interval -1", "%dashboard: --interval: '-1' is not a duration: write it like 90s"),
-        ("--interval 0", "%dashboard: --interval: '0' is not a positive duration"),
-        ("--interval nan", "%dashboard: --interval: 'nan' is not a duration"),
-        ("--interval 7200", "%dashboard: the interval must be from 0.1 to 3600 seconds, not 7200"),
-        ("--interval 0.01", "the interval must be from 0.1 to 3600 seconds, not 0.01"),
-        ("--interval 2h", "the interval must be from 0.1 to 3600 seconds, not 7200"),
-        ("--history 5x", "%dashboard: --history: '5x' is not a duration"),
+        ("--interval -1", "%dashboard: argument --interval: '-1' is not a duration: write it "
+                          "like 90s"),
+        ("--interval -1m", "%dashboard: argument --interval: '-1m' is not a duration: write it "
+                           "like 90s"),
+        ("--interval 0", "%dashboard: argument --interval: '0' is not a positive duration"),
+        ("--interval nan", "%dashboard: argument --interval: 'nan' is not a duration"),
+        ("--interval 7200", "%dashboard: interval must be a number of seconds from 0.1 to "
+                            "3600, not 7200"),
+        ("--interval 0.01", "interval must be a number of seconds from 0.1 to 3600, not 0.01"),
+        ("--interval 2h", "interval must be a number of seconds from 0.1 to 3600, not 7200"),
+        ("--history 5x", "%dashboard: argument --history: '5x' is not a duration"),
         ("--history 1 --interval 2", "the history must be longer than the interval (2 s)"),
         ("--history 2d", "the history must be longer than the interval (1 s) and at most 24 h"),
         ("--text --interval 2", "--interval and --history are for the live panel, not --text"),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from http_server import LoopbackServer, http_server  # noqa: F401
+from http_server import LoopbackServer
 
 from ipycloud.runtime.storage import download as dl
 from ipycloud.runtime.storage.download import DownloadError, download
@@ -23,7 +23,7 @@ def _gets(server: LoopbackServer) -> list[tuple[str | None, int, int]]:
     return [(r.range, r.status, r.sent) for r in server.requests if r.method == "GET"]
 
 
-def test_full_download_verifies_sha256_and_md5(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_full_download_verifies_sha256_and_md5(http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("w.bin", DATA)
     res = download(http_server.url("w.bin"), tmp_path, sha256=SHA, md5=MD5, progress=False)
     assert res.path == tmp_path / "w.bin"
@@ -32,7 +32,7 @@ def test_full_download_verifies_sha256_and_md5(http_server: LoopbackServer, tmp_
     assert not (tmp_path / "w.bin.part").exists()
 
 
-def test_name_from_content_disposition(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_name_from_content_disposition(http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("get", DATA, disposition='attachment; filename="model.pt"')
     res = download(http_server.url("get"), tmp_path, progress=False)
     assert res.path == tmp_path / "model.pt"
@@ -40,7 +40,7 @@ def test_name_from_content_disposition(http_server: LoopbackServer, tmp_path: Pa
 
 
 def test_dropped_connection_resumes_without_refetching(
-    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path
 ) -> None:
     http_server.add("d.bin", DATA, drop_after=100_000)
     res = download(http_server.url("d.bin"), tmp_path, sha256=SHA, progress=False)
@@ -52,7 +52,7 @@ def test_dropped_connection_resumes_without_refetching(
 
 
 def test_always_dropping_gives_up_with_resume_hint(
-    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path
 ) -> None:
     http_server.add("d.bin", DATA, drop_after=50_000, drop_always=True)
     with pytest.raises(DownloadError) as err:
@@ -64,7 +64,7 @@ def test_always_dropping_gives_up_with_resume_hint(
     assert not (tmp_path / "d.bin").exists()
 
 
-def test_existing_part_is_resumed(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_existing_part_is_resumed(http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("p.bin", DATA)
     (tmp_path / "p.bin.part").write_bytes(DATA[:123_456])
     res = download(http_server.url("p.bin"), tmp_path, sha256=SHA, progress=False)
@@ -74,7 +74,7 @@ def test_existing_part_is_resumed(http_server: LoopbackServer, tmp_path: Path) -
 
 
 def test_part_with_content_disposition_name_is_resumed(
-    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path
 ) -> None:
     http_server.add("get", DATA, disposition="attachment; filename=m.pt")
     (tmp_path / "m.pt.part").write_bytes(DATA[:1000])
@@ -84,7 +84,7 @@ def test_part_with_content_disposition_name_is_resumed(
 
 
 def test_server_ignoring_range_restarts_cleanly(
-    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path
 ) -> None:
     http_server.add("r.bin", DATA, ignore_range=True)
     (tmp_path / "r.bin.part").write_bytes(b"x" * 5000)  # would corrupt if appended to
@@ -95,7 +95,7 @@ def test_server_ignoring_range_restarts_cleanly(
 
 
 def test_complete_part_answered_416_is_verified(
-    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path
 ) -> None:
     http_server.add("c.bin", DATA)
     (tmp_path / "c.bin.part").write_bytes(DATA)
@@ -106,7 +106,7 @@ def test_complete_part_answered_416_is_verified(
 
 @pytest.mark.parametrize("kind", ["sha256", "md5"])
 def test_wrong_checksum_leaves_nothing(
-    http_server: LoopbackServer, tmp_path: Path, kind: str  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path, kind: str
 ) -> None:
     http_server.add("bad.bin", DATA, corrupt=True)
     expected = {"sha256": SHA} if kind == "sha256" else {"md5": MD5}
@@ -116,14 +116,14 @@ def test_wrong_checksum_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_wrong_size_leaves_nothing(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_wrong_size_leaves_nothing(http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("s.bin", DATA)
     with pytest.raises(DownloadError, match="size mismatch"):
         download(http_server.url("s.bin"), tmp_path, size=len(DATA) + 1, progress=False)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_404_is_one_line(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_404_is_one_line(http_server: LoopbackServer, tmp_path: Path) -> None:
     with pytest.raises(DownloadError) as err:
         download(http_server.url("missing.bin"), tmp_path, progress=False)
     msg = str(err.value)
@@ -131,7 +131,7 @@ def test_404_is_one_line(http_server: LoopbackServer, tmp_path: Path) -> None:  
     assert list(tmp_path.iterdir()) == []
 
 
-def test_503_is_retried_then_reported(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_503_is_retried_then_reported(http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("busy.bin", DATA, status=503)
     with pytest.raises(DownloadError, match="HTTP 503 Service Unavailable"):
         download(http_server.url("busy.bin"), tmp_path, retries=1, progress=False)
@@ -140,7 +140,7 @@ def test_503_is_retried_then_reported(http_server: LoopbackServer, tmp_path: Pat
 
 @pytest.mark.parametrize("given", [{"sha256": SHA}, {"md5": MD5}, {"size": len(DATA)}])
 def test_present_and_valid_is_skipped_without_request(
-    http_server: LoopbackServer, tmp_path: Path, given: dict[str, object]  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path, given: dict[str, object]
 ) -> None:
     http_server.add("k.bin", DATA)
     (tmp_path / "k.bin").write_bytes(DATA)
@@ -149,7 +149,7 @@ def test_present_and_valid_is_skipped_without_request(
     assert http_server.requests == []
 
 
-def test_present_but_wrong_is_replaced(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_present_but_wrong_is_replaced(http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("k.bin", DATA)
     (tmp_path / "k.bin").write_bytes(b"stale")
     res = download(http_server.url("k.bin"), tmp_path, sha256=SHA, progress=False)
@@ -157,7 +157,7 @@ def test_present_but_wrong_is_replaced(http_server: LoopbackServer, tmp_path: Pa
 
 
 def test_full_disk_refused_before_writing(
-    http_server: LoopbackServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Simulates a full disk: disk_usage reports only 1000 bytes free in the folder.
     real = shutil.disk_usage
@@ -186,7 +186,7 @@ def test_bad_filenames(name: str, tmp_path: Path) -> None:
 
 
 def test_unsafe_content_disposition_refused(
-    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path
 ) -> None:
     http_server.add("get", DATA, disposition='attachment; filename="../../etc/passwd"')
     with pytest.raises(DownloadError, match="unsafe file name"):
@@ -195,7 +195,7 @@ def test_unsafe_content_disposition_refused(
 
 
 def test_keyboard_interrupt_leaves_part_and_rerun_completes(
-    http_server: LoopbackServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     http_server.add("i.bin", DATA)
     real = dl._write_chunk
@@ -220,7 +220,7 @@ def test_keyboard_interrupt_leaves_part_and_rerun_completes(
     assert not part.exists()
 
 
-def test_credentials_never_in_messages(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_credentials_never_in_messages(http_server: LoopbackServer, tmp_path: Path) -> None:
     url = f"http://user:secret@127.0.0.1:{http_server.port}/missing.bin?token=abc"
     with pytest.raises(DownloadError) as err:
         download(url, tmp_path, progress=False)
@@ -237,7 +237,7 @@ def test_credentials_never_in_messages(http_server: LoopbackServer, tmp_path: Pa
 
 
 def test_a_password_holding_the_user_name_is_scrubbed_whole(
-    http_server: LoopbackServer, tmp_path: Path  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path
 ) -> None:
     url = f"http://alice:alice-s3cret@127.0.0.1:{http_server.port}/alice-s3cret/missing.bin"
     with pytest.raises(DownloadError) as err:
@@ -247,14 +247,14 @@ def test_a_password_holding_the_user_name_is_scrubbed_whole(
     assert "s3cret" not in msg and "alice" not in msg
 
 
-def test_progress_bar_runs(http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+def test_progress_bar_runs(http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("b.bin", DATA)
     res = download(http_server.url("b.bin"), os.fspath(tmp_path), progress=True)
     assert res.path.read_bytes() == DATA
 
 
 def test_default_dest_is_cwd(
-    http_server: LoopbackServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    http_server: LoopbackServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     http_server.add("cwd.bin", DATA)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ipycloud.runtime import filesystem
+from ipycloud.runtime.storage import filesystem
 
 MOUNTINFO = """\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw

@@ -298,7 +298,7 @@ def test_a_killed_run_resumes_bit_for_bit_in_a_fresh_process(tmp_path: Path) -> 
     torch.save(data, tmp_path / "data.pt")
 
     def script(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ipycloud.demo_training",
+        return subprocess.run([sys.executable, "-m", "ipycloud.cli.demo_training",
                                str(tmp_path / "data.pt"), *args, "--precision", "bf16",
                                "--device", "cpu"], capture_output=True, text=True, timeout=300)
 

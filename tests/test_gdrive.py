@@ -19,11 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from gdrive_server import FakeDrive, _drive_certificates, gdrive_server  # noqa: F401
+from gdrive_server import FakeDrive
 from IPython.lib.pretty import pretty
 
-from ipycloud.runtime.platform import detect_platform
-from ipycloud.runtime.storage import mount as mount_module
+from ipycloud.runtime.machine.platform import detect_platform
+from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.storage.gdrive import (
     STAGING,
     GdriveError,
@@ -95,7 +95,7 @@ def test_drive_id_parses_ids_and_share_links(link: str, kind: str) -> None:
     ("https://[::1/x", "malformed"),
 ])
 def test_malformed_ids_and_links_are_value_errors_without_a_request(
-    gdrive_server: FakeDrive, tmp_path: Path, link: str, message: str  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path, link: str, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message) as err:
         drive_id(link)
@@ -107,7 +107,7 @@ def test_malformed_ids_and_links_are_value_errors_without_a_request(
 
 
 def test_bad_arguments_are_value_errors_without_a_request(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     folder = f"https://drive.google.com/drive/folders/{ID}"
     for kwargs, message in [({"sha256": "abc"}, "sha256 must be 64 hex digits"),
@@ -123,7 +123,7 @@ def test_bad_arguments_are_value_errors_without_a_request(
 
 # -- files -----------------------------------------------------------------------------------
 def test_small_file_is_downloaded_verified_and_named_by_drive(
-    gdrive_server: FakeDrive, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     f = gdrive_server.add_file("weights v1.bin", b"hello drive")
     res = gdrive_download(f"https://drive.google.com/file/d/{f.id}/view?usp=sharing",
@@ -143,7 +143,7 @@ def test_small_file_is_downloaded_verified_and_named_by_drive(
 
 
 def test_filename_renames_and_progress_shows_gdowns_bar(
-    gdrive_server: FakeDrive, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     f = gdrive_server.add_file("x.bin", DATA)
     res = gdrive_download(f.id, tmp_path, filename="model.pt", progress=True)
@@ -154,7 +154,7 @@ def test_filename_renames_and_progress_shows_gdowns_bar(
 
 
 def test_large_file_goes_through_the_virus_scan_confirmation(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     f = gdrive_server.add_file("big.bin", DATA, virus_scan=True)
     res = gdrive_download(f.id, tmp_path, sha256=SHA, progress=False)
@@ -169,7 +169,7 @@ def test_large_file_goes_through_the_virus_scan_confirmation(
 
 
 def test_a_dropped_connection_resumes_with_a_range_request(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     f = gdrive_server.add_file("big.bin", DATA, virus_scan=True, drop_after=700_000)
     res = gdrive_download(f.id, tmp_path, sha256=SHA, progress=False)
@@ -184,7 +184,7 @@ def test_a_dropped_connection_resumes_with_a_range_request(
 
 
 def test_an_interrupted_download_keeps_its_part_and_the_next_call_resumes_it(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     f = gdrive_server.add_file("big.bin", DATA, virus_scan=True, drop_after=1_200_000)
     with pytest.raises(GdriveError, match=r"stopped early.*rerun to resume") as err:
@@ -205,7 +205,7 @@ def test_an_interrupted_download_keeps_its_part_and_the_next_call_resumes_it(
 
 
 def test_a_wrong_checksum_leaves_no_file_and_deletes_the_download(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     f = gdrive_server.add_file("w.bin", DATA, corrupt=True)
     with pytest.raises(GdriveError, match=r"checksum mismatch for w\.bin") as err:
@@ -219,7 +219,7 @@ def test_a_wrong_checksum_leaves_no_file_and_deletes_the_download(
 
 
 def test_a_second_call_is_skipped_without_a_request(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     f = gdrive_server.add_file("d.bin", DATA)
     first = gdrive_download(f.id, tmp_path, progress=False)
@@ -234,7 +234,7 @@ def test_a_second_call_is_skipped_without_a_request(
 
 
 def test_a_present_file_under_the_given_name_is_skipped(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     (tmp_path / "mine.bin").write_bytes(b"local copy")
     res = gdrive_download(ID, tmp_path, filename="mine.bin", progress=False)
@@ -243,7 +243,7 @@ def test_a_present_file_under_the_given_name_is_skipped(
 
 
 def test_a_file_that_no_longer_matches_is_downloaded_again(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     f = gdrive_server.add_file("d.bin", DATA)
     gdrive_download(f.id, tmp_path, progress=False)
@@ -254,7 +254,7 @@ def test_a_file_that_no_longer_matches_is_downloaded_again(
     assert [r.path for r in gdrive_server.requests] == ["/uc", "/download"]
 
 
-def test_force_downloads_again(gdrive_server: FakeDrive, tmp_path: Path) -> None:  # noqa: F811
+def test_force_downloads_again(gdrive_server: FakeDrive, tmp_path: Path) -> None:
     f = gdrive_server.add_file("d.bin", DATA)
     gdrive_download(f.id, tmp_path, sha256=SHA, progress=False)
     gdrive_server.clear()
@@ -265,11 +265,11 @@ def test_force_downloads_again(gdrive_server: FakeDrive, tmp_path: Path) -> None
 
 
 def test_default_destination_is_the_mounted_projects_data_folder(
-    gdrive_server: FakeDrive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     f = gdrive_server.add_file("d.bin", b"data")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(mount_module, "_last_mount", None)
+    reset_process_state()  # no mount from an earlier test
     assert gdrive_download(f.id, progress=False).path == tmp_path / "data" / "d.bin"
     platform = detect_platform({"HOME": str(tmp_path / "home")}, tmp_path)
     project = mount(project="p", root=tmp_path / "root", platform=platform).project
@@ -282,7 +282,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_folder_with_nested_files_is_downloaded_then_skipped(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     d = gdrive_server
     deep = d.add_folder("deep", [d.add_file("c.txt", b"ccc").id])
@@ -310,7 +310,7 @@ def test_folder_with_nested_files_is_downloaded_then_skipped(
 
 
 def test_folder_does_not_replace_a_folder_it_did_not_download(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     top = gdrive_server.add_folder("Mine", [gdrive_server.add_file("a.txt", b"aa").id])
     (tmp_path / "Mine").mkdir()
@@ -324,7 +324,7 @@ def test_folder_does_not_replace_a_folder_it_did_not_download(
 
 
 def test_a_forced_folder_that_cannot_be_moved_into_place_keeps_the_old_copy(
-    gdrive_server: FakeDrive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     top = gdrive_server.add_folder("Dataset", [gdrive_server.add_file("a.txt", b"aa").id])
     link = f"https://drive.google.com/drive/folders/{top}"
@@ -356,7 +356,7 @@ def _one_line_error(link: str, dest: Path, match: str) -> str:
 
 
 def test_a_file_that_is_not_shared_says_how_to_share_it(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     f = gdrive_server.add_file("secret.bin", DATA, access="private")
     _one_line_error(f.id, tmp_path, f"cannot access Drive file {f.id}.*'Anyone with the link'")
@@ -366,7 +366,7 @@ def test_a_file_that_is_not_shared_says_how_to_share_it(
 
 
 def test_a_folder_that_is_not_shared_says_how_to_share_it(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     top = gdrive_server.add_folder("Private", [], access="private")
     _one_line_error(f"https://drive.google.com/drive/folders/{top}", tmp_path,
@@ -375,14 +375,14 @@ def test_a_folder_that_is_not_shared_says_how_to_share_it(
     assert _leftovers(tmp_path) == []
 
 
-def test_quota_exceeded_says_to_wait(gdrive_server: FakeDrive, tmp_path: Path) -> None:  # noqa: F811
+def test_quota_exceeded_says_to_wait(gdrive_server: FakeDrive, tmp_path: Path) -> None:
     f = gdrive_server.add_file("popular.bin", DATA, access="quota")
     _one_line_error(f.id, tmp_path, "quota exceeded.*try again in up to 24 h")
     assert not (tmp_path / "popular.bin").exists()
 
 
 def test_unknown_file_and_folder_are_not_found(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     _one_line_error(ID, tmp_path, f"Drive file {ID} not found \\(HTTP 404\\): check the ID")
     _one_line_error(f"https://drive.google.com/drive/folders/{ID}", tmp_path,
@@ -392,7 +392,7 @@ def test_unknown_file_and_folder_are_not_found(
 
 
 def test_a_file_failing_inside_a_folder_fails_the_folder(
-    gdrive_server: FakeDrive, tmp_path: Path  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path
 ) -> None:
     d = gdrive_server
     top = d.add_folder("Mixed", [d.add_file("ok.txt", b"ok").id,
@@ -403,7 +403,7 @@ def test_a_file_failing_inside_a_folder_fails_the_folder(
 
 
 def test_connection_refused_is_a_gdrive_error(
-    gdrive_server: FakeDrive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    gdrive_server: FakeDrive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))

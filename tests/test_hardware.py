@@ -6,13 +6,13 @@ import dataclasses
 import os
 from pathlib import Path
 
-from test_cgroup import make_v2
+from cgroup_files import make_v2
 
-from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
-from ipycloud.runtime.hardware import probe_disk, probe_disks, probe_host, take_snapshot
-from ipycloud.runtime.platform import detect_platform
-from ipycloud.runtime.probe import Probe
-from ipycloud.runtime.software import TorchInfo
+from ipycloud.runtime.machine.cgroup import CgroupLimits, read_cgroup_limits
+from ipycloud.runtime.machine.platform import detect_platform
+from ipycloud.runtime.machine.snapshot import probe_disk, probe_disks, probe_host, take_snapshot
+from ipycloud.runtime.machine.software import TorchInfo
+from ipycloud.runtime.monitor.probe import Probe
 
 GIB = 1024**3
 

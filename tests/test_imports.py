@@ -34,7 +34,7 @@ def test_load_ext_imports_no_heavy_package() -> None:
 
 def test_the_measurement_does_see_heavy_imports() -> None:
     """The check above can fail: a probe that queries NVML is seen importing pynvml."""
-    code = "import ipycloud.runtime.nvml as n; n.snapshot()"
+    code = "import ipycloud.runtime.machine.nvml as n; n.snapshot()"
     assert "pynvml" in imported_modules(code)
 
 

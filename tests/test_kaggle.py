@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from kaggle_server import KaggleServer, closed_port, kaggle_server, make_zip  # noqa: F401
+from kaggle_server import KaggleServer, closed_port, make_zip
 from kagglehub.clients import CHUNK_SIZE as CHUNK
 
-from ipycloud.runtime.platform import detect_platform
+from ipycloud.runtime.machine.platform import detect_platform
 from ipycloud.runtime.storage.kaggle import (
     MANIFEST,
     KaggleError,
@@ -41,7 +41,7 @@ DOWNLOAD_COMPETITION = "competitions.CompetitionApiService/DownloadDataFiles"
 
 
 @pytest.fixture
-def env_user(kaggle_server: KaggleServer, monkeypatch: pytest.MonkeyPatch) -> KaggleServer:  # noqa: F811
+def env_user(kaggle_server: KaggleServer, monkeypatch: pytest.MonkeyPatch) -> KaggleServer:
     """The fake Kaggle with alice's key given in KAGGLE_USERNAME / KAGGLE_KEY."""
     kaggle_server.add_user(USER, KEY)
     monkeypatch.setenv("KAGGLE_USERNAME", USER)
@@ -50,7 +50,7 @@ def env_user(kaggle_server: KaggleServer, monkeypatch: pytest.MonkeyPatch) -> Ka
 
 
 @pytest.fixture
-def project(kaggle_server: KaggleServer, tmp_path: Path) -> Path:  # noqa: F811
+def project(kaggle_server: KaggleServer, tmp_path: Path) -> Path:
     """A mounted local project folder under tmp_path/storage."""
     platform = detect_platform(environ={"HOME": str(tmp_path / "home")}, root=tmp_path)
     return mount("local", root=tmp_path / "storage", platform=platform).project
@@ -164,7 +164,7 @@ def test_competition_download(env_user: KaggleServer, tmp_path: Path) -> None:
     assert len(env_user.calls) == 1
 
 
-def test_public_dataset_needs_no_credentials(kaggle_server: KaggleServer) -> None:  # noqa: F811
+def test_public_dataset_needs_no_credentials(kaggle_server: KaggleServer) -> None:
     kaggle_server.add_dataset("bob/digits", make_zip({"d.csv": b"1\n"}))
     res = kaggle_download("bob/digits", progress=False)
     assert files_under(res.path) == {"d.csv": b"1\n"}
@@ -182,7 +182,7 @@ def test_public_dataset_needs_no_credentials(kaggle_server: KaggleServer) -> Non
     ("alice/iris", True), ("", True), ("../x", True), ("titanic?x=1", True), ("-x", True),
 ])
 def test_malformed_handles_raise_before_any_request(
-    kaggle_server: KaggleServer, handle: object, competition: bool  # noqa: F811
+    kaggle_server: KaggleServer, handle: object, competition: bool
 ) -> None:
     with pytest.raises(ValueError) as err:
         kaggle_download(handle, competition=competition)  # type: ignore[arg-type]
@@ -212,7 +212,7 @@ def test_unknown_version_is_a_404_after_the_lookup(env_user: KaggleServer, tmp_p
     assert_nothing_at(dest)
 
 
-def test_wrong_key_is_a_401_without_the_key(kaggle_server: KaggleServer,  # noqa: F811
+def test_wrong_key_is_a_401_without_the_key(kaggle_server: KaggleServer,
                                             monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
     kaggle_server.add_user(USER, "another-key")
@@ -238,7 +238,7 @@ def test_competition_rules_not_accepted_is_a_403(env_user: KaggleServer, tmp_pat
 
 
 def test_private_dataset_without_credentials_lists_the_places(
-    kaggle_server: KaggleServer, project: Path  # noqa: F811
+    kaggle_server: KaggleServer, project: Path
 ) -> None:
     kaggle_server.add_dataset("carol/secret", make_zip(FILES), private=True)
     with pytest.raises(KaggleError) as err:
@@ -251,7 +251,7 @@ def test_private_dataset_without_credentials_lists_the_places(
 
 
 def test_competition_without_credentials_asks_nothing(
-    kaggle_server: KaggleServer, tmp_path: Path  # noqa: F811
+    kaggle_server: KaggleServer, tmp_path: Path
 ) -> None:
     kaggle_server.add_competition("titanic", make_zip({"t.csv": b"x"}), accepted=(USER,))
     with pytest.raises(KaggleError, match="needs Kaggle credentials: set KAGGLE_USERNAME"):
@@ -321,7 +321,7 @@ def test_leftovers_of_a_dead_run_are_removed(env_user: KaggleServer, tmp_path: P
     assert not stale.exists()
 
 
-def test_missing_kagglehub_names_the_extra(kaggle_server: KaggleServer,  # noqa: F811
+def test_missing_kagglehub_names_the_extra(kaggle_server: KaggleServer,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "kagglehub", None)
     with pytest.raises(ImportError, match=r"pip install 'ipycloud\[kaggle\]'"):
@@ -336,7 +336,7 @@ def write_json(path: Path, content: object, mode: int = 0o644) -> Path:
     return path
 
 
-def test_credentials_from_home_kaggle_json(kaggle_server: KaggleServer,  # noqa: F811
+def test_credentials_from_home_kaggle_json(kaggle_server: KaggleServer,
                                            tmp_path: Path) -> None:
     kaggle_server.add_user("filer", KEY)
     kaggle_server.add_dataset("filer/data", make_zip(FILES), private=True)
@@ -345,7 +345,7 @@ def test_credentials_from_home_kaggle_json(kaggle_server: KaggleServer,  # noqa:
     assert users_seen(kaggle_server) == ["filer", "filer"]
 
 
-def test_credentials_from_kaggle_config_dir(kaggle_server: KaggleServer,  # noqa: F811
+def test_credentials_from_kaggle_config_dir(kaggle_server: KaggleServer,
                                             monkeypatch: pytest.MonkeyPatch,
                                             tmp_path: Path) -> None:
     kaggle_server.add_user("cfg", KEY)
@@ -399,7 +399,7 @@ sys.addaudithook(ModeWatch.hook)
 
 @pytest.mark.parametrize("where", ["project", "storage root"])
 def test_project_kaggle_json_is_copied_with_mode_600(
-    kaggle_server: KaggleServer, project: Path, tmp_path: Path,  # noqa: F811
+    kaggle_server: KaggleServer, project: Path, tmp_path: Path,
     capsys: pytest.CaptureFixture[str], where: str,
 ) -> None:
     kaggle_server.add_user("proj", KEY)
@@ -429,7 +429,7 @@ def test_project_kaggle_json_is_copied_with_mode_600(
                                      "SECRET-VALUE-42", '["SECRET-VALUE-42"]', ""])
 @pytest.mark.parametrize("where", ["home", "project"])
 def test_malformed_kaggle_json_names_the_file_not_its_content(
-    kaggle_server: KaggleServer, project: Path, tmp_path: Path,  # noqa: F811
+    kaggle_server: KaggleServer, project: Path, tmp_path: Path,
     content: str, where: str,
 ) -> None:
     path = (tmp_path / "home" / ".kaggle" if where == "home" else project) / "kaggle.json"

@@ -7,25 +7,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+from kernels import execute, outputs
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-
-
-def execute(notebook: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
-    NotebookClient(notebook, timeout=180, kernel_name="python3",
-                   resources={"metadata": {"path": str(cwd)}}).execute()
-    return notebook
-
-
-def outputs(cell: nbformat.NotebookNode) -> dict[str, object]:
-    """All MIME bundles a cell produced, merged."""
-    merged: dict[str, object] = {}
-    for output in cell.outputs:
-        merged.update(output.get("data", {}))
-        if output.output_type == "stream":
-            merged[output.name] = merged.get(output.name, "") + output.text
-    return merged
 
 
 def test_gpuinfo_in_a_kernel(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import os
 import pytest
 from IPython.core.error import UsageError
 
-from ipycloud.runtime.report import EnvironmentReport, JsonReport
+from ipycloud.runtime.machine.report import EnvironmentReport, JsonReport
 
 
 def rendered(shell, obj) -> dict[str, object]:

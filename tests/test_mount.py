@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ipycloud.runtime.platform import Platform, detect_platform
+from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.storage.mount import (
     PROJECT_FOLDERS,
     MountError,

@@ -9,9 +9,9 @@ import pynvml as real
 import pytest
 from fake_nvml import BOARDS, FakeBoard, with_processes
 
-from ipycloud.runtime import nvml
-from ipycloud.runtime.hardware import take_snapshot
-from ipycloud.runtime.report import EnvironmentReport
+from ipycloud.runtime.machine import nvml
+from ipycloud.runtime.machine.report import EnvironmentReport
+from ipycloud.runtime.machine.snapshot import take_snapshot
 
 
 def gpu_rows(report: EnvironmentReport) -> list[dict[str, str]]:

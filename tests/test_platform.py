@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ipycloud.runtime.platform import Platform, detect_platform
+from ipycloud.runtime.machine.platform import Platform, detect_platform
 
 HOME = "/home/tester"
 

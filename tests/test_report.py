@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ipycloud.runtime.cgroup import CgroupLimits
-from ipycloud.runtime.hardware import DiskInfo, probe_host, take_snapshot
-from ipycloud.runtime.platform import detect_platform
-from ipycloud.runtime.report import EnvironmentReport
+from ipycloud.runtime.machine.cgroup import CgroupLimits
+from ipycloud.runtime.machine.platform import detect_platform
+from ipycloud.runtime.machine.report import EnvironmentReport
+from ipycloud.runtime.machine.snapshot import DiskInfo, probe_host, take_snapshot
 from ipycloud.runtime.units import format_bytes, format_duration, parse_duration
 
 GIB = 1024**3

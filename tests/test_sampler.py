@@ -16,13 +16,13 @@ from typing import Any
 import psutil
 import pynvml as real
 import pytest
-from test_cgroup import make_v1, make_v2, write
+from cgroup_files import make_v1, make_v2, write
 from waiting import wait_for
 
-from ipycloud.runtime import sampler as sampler_module
-from ipycloud.runtime.probe import Probe, take_sample
-from ipycloud.runtime.sampler import Sampler, shared_sampler
-from ipycloud.runtime.samples import GpuSample, Sample
+from ipycloud.runtime.monitor import sampler as sampler_module
+from ipycloud.runtime.monitor.probe import Probe, take_sample
+from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
+from ipycloud.runtime.monitor.samples import GpuSample, Sample
 
 MIB = 2**20
 GIB = 2**30
@@ -93,7 +93,7 @@ def test_a_raising_subscriber_is_removed_and_reported_while_others_go_on(
     bad = sampler.subscribe(broken)
     sampler.subscribe(good)
     gate.set()  # both are subscribed before the first sample
-    with caplog.at_level(logging.WARNING, logger="ipycloud.runtime.sampler"):
+    with caplog.at_level(logging.WARNING, logger="ipycloud.runtime.monitor.sampler"):
         wait_for(lambda: len(good.samples) >= 5)
     sampler.stop()
     assert not bad.active
@@ -109,7 +109,7 @@ def test_a_raising_probe_is_logged_once_and_sampling_goes_on(
         caplog: pytest.LogCaptureFixture) -> None:
     sampler = Sampler(interval=0.005, probe=CountingProbe(failures=3))
     good = Collector()
-    with caplog.at_level(logging.WARNING, logger="ipycloud.runtime.sampler"):
+    with caplog.at_level(logging.WARNING, logger="ipycloud.runtime.monitor.sampler"):
         sampler.subscribe(good)
         wait_for(lambda: len(good.samples) >= 2)
     sampler.stop()
@@ -483,7 +483,7 @@ def test_torch_figures_only_once_torch_uses_cuda(board, monkeypatch) -> None:
 
 
 def test_take_sample_never_imports_torch() -> None:
-    code = ("import sys; from ipycloud.runtime.probe import take_sample; take_sample(); "
+    code = ("import sys; from ipycloud.runtime.monitor.probe import take_sample; take_sample(); "
             "print('torch' in sys.modules, 'psutil' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)

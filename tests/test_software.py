@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ipycloud.runtime.software import _cudnn_text, probe_torch, probe_xla
+from ipycloud.runtime.machine.software import _cudnn_text, probe_torch, probe_xla
 
 
 def test_torch_is_reported_without_initialising_cuda() -> None:
@@ -38,7 +38,7 @@ def run_python(code: str) -> str:
 def test_a_fresh_process_reports_without_importing_an_uninstalled_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from ipycloud.runtime.report import environment_report\n"
+        "from ipycloud.runtime.machine.report import environment_report\n"
         "text = str(environment_report(processes=True))\n"
         "assert 'not installed' in text.split('torch', 1)[1].splitlines()[0], text\n"
         "print('ok')\n"
@@ -48,7 +48,7 @@ def test_a_fresh_process_reports_without_importing_an_uninstalled_torch() -> Non
 
 def test_a_fresh_process_keeps_cuda_uninitialised() -> None:
     code = (
-        "import ipycloud.runtime.report as r; r.environment_report(processes=True)\n"
+        "import ipycloud.runtime.machine.report as r; r.environment_report(processes=True)\n"
         "import torch; print(torch.cuda.is_initialized())\n"
     )
     assert run_python(code) == "False"

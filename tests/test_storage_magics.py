@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from gdrive_server import FakeDrive, _drive_certificates, gdrive_server  # noqa: F401
-from http_server import LoopbackServer, http_server  # noqa: F401
+from gdrive_server import FakeDrive
+from http_server import LoopbackServer
 from IPython.core.error import UsageError
-from kaggle_server import KaggleServer, kaggle_server, make_zip  # noqa: F401
+from kaggle_server import KaggleServer, make_zip
 
+from ipycloud.runtime.storage.background import BackgroundSync, running_syncs
 from ipycloud.runtime.storage.gdrive import GdriveResult
 from ipycloud.runtime.storage.kaggle import KaggleResult
 from ipycloud.runtime.storage.mount import MountResult
@@ -42,7 +43,7 @@ def tarball(files: dict[str, bytes]) -> bytes:
 
 
 def test_mount_then_download_verify_and_extract_into_the_project(
-        shell, local_home: Path, http_server: LoopbackServer) -> None:  # noqa: F811
+        shell, local_home: Path, http_server: LoopbackServer) -> None:
     mounted = shell.run_line_magic("mount_storage", "--project mnist")
     assert isinstance(mounted, MountResult)
     assert mounted.project == local_home / "ipycloud/mnist"
@@ -62,7 +63,7 @@ def test_mount_then_download_verify_and_extract_into_the_project(
 
 
 def test_a_wrong_checksum_is_one_line_and_leaves_nothing(
-        shell, local_home: Path, http_server: LoopbackServer, tmp_path: Path) -> None:  # noqa: F811
+        shell, local_home: Path, http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("/file.bin", b"x" * 1000)
     with pytest.raises(UsageError) as caught:
         shell.run_line_magic("mount_storage", f"download {http_server.url('/file.bin')} "
@@ -86,13 +87,25 @@ def test_sync_now_and_in_the_background(shell, local_home: Path, tmp_path: Path)
         time.sleep(0.05)
     assert (tmp_path / "later/log.txt").read_text() == "step 1"
     assert "background sync:" in str(shell.run_line_magic("mount_storage", "status"))
-    magics = shell.magics_manager.registry["StorageMagics"]
-    for background in magics._background:
+    for background in running_syncs():
         background.stop()
+    assert "background sync:" not in str(shell.run_line_magic("mount_storage", "status"))
+
+
+def test_status_lists_a_background_sync_started_from_python(
+        shell, local_home: Path, tmp_path: Path) -> None:
+    source = tmp_path / "outputs"
+    source.mkdir()
+    background = BackgroundSync(source, tmp_path / "kept", every_s=3600).start()
+    try:
+        status = str(shell.run_line_magic("mount_storage", "status"))
+        assert "background sync: <BackgroundSync running every 3600 s" in status
+    finally:
+        background.stop(final=False)
 
 
 def test_extract_refuses_a_download_that_is_no_archive(
-        shell, tmp_path: Path, http_server: LoopbackServer) -> None:  # noqa: F811
+        shell, tmp_path: Path, http_server: LoopbackServer) -> None:
     http_server.add("/notes.txt", b"plain text, not an archive")
     with pytest.raises(UsageError, match=r"notes\.txt.* not a zip or tar") as caught:
         shell.run_line_magic("mount_storage", f"download {http_server.url('/notes.txt')} "
@@ -138,7 +151,7 @@ def test_help_page_has_examples(shell) -> None:
 
 
 def test_kaggle_dataset_into_the_project_then_skipped(
-        shell, local_home: Path, kaggle_server: KaggleServer,  # noqa: F811
+        shell, local_home: Path, kaggle_server: KaggleServer,
         monkeypatch: pytest.MonkeyPatch) -> None:
     kaggle_server.add_user("alice", "0123456789abcdef0123456789abcdef")
     monkeypatch.setenv("KAGGLE_USERNAME", "alice")
@@ -155,7 +168,7 @@ def test_kaggle_dataset_into_the_project_then_skipped(
 
 
 def test_gdrive_file_by_share_link_is_verified(
-        shell, local_home: Path, gdrive_server: FakeDrive, tmp_path: Path) -> None:  # noqa: F811
+        shell, local_home: Path, gdrive_server: FakeDrive, tmp_path: Path) -> None:
     shared = gdrive_server.add_file("weights.bin", b"drive bytes")
     digest = hashlib.sha256(b"drive bytes").hexdigest()
     link = f"https://drive.google.com/file/d/{shared.id}/view?usp=sharing"

@@ -394,7 +394,7 @@ def test_background_sync_keeps_its_folders_after_the_working_folder_changes(
 
 def test_a_running_background_sync_is_a_deadline_action(src: Path, tmp_path: Path) -> None:
     """Before the session ends (%keepalive) every running background sync runs once more."""
-    from ipycloud.runtime import deadline
+    from ipycloud.runtime.guard import deadline
 
     dst = tmp_path / "dst"
     background = BackgroundSync(src, dst, every_s=3600).start()

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from waiting import wait_for
 
-from ipycloud.runtime import usage
-from ipycloud.runtime.monitoring import start_monitoring, stop_monitoring
-from ipycloud.runtime.prices import PRICES_ENV, load_prices
-from ipycloud.runtime.sampler import Sampler, shared_sampler
-from ipycloud.runtime.samples import GpuSample, Sample
-from ipycloud.runtime.usage import NO_SAMPLES, UsageTracker, shared_tracker, usage_report
+from ipycloud.runtime.monitor.prices import PRICES_ENV, load_prices
+from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
+from ipycloud.runtime.monitor.samples import GpuSample, Sample
+from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
+from ipycloud.runtime.monitor.usage import NO_SAMPLES, UsageTracker, shared_tracker, usage_report
+from ipycloud.runtime.per_process import reset_process_state
 
 GIB = 2**30
 T0 = 1_700_000_000.0
@@ -358,12 +358,12 @@ def test_no_samples_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(ValueError) as caught:
         usage_report([])
     assert str(caught.value) == NO_SAMPLES
-    assert NO_SAMPLES == ("no samples recorded yet: start monitoring with %dashboard "
-                          "(or ipycloud.start_monitoring())")
+    assert NO_SAMPLES == ("no samples recorded yet: start monitoring with "
+                          "ipycloud.start_monitoring()")
     with pytest.raises(ValueError, match="no samples recorded yet"):
         UsageTracker().report()
 
-    monkeypatch.setattr(usage, "_shared", None)  # this process's tracker, fresh
+    reset_process_state()  # this process's tracker, fresh
     with pytest.raises(ValueError, match="no samples recorded yet"):
         usage_report()
     for each in one_gpu(range(61)):

@@ -10,8 +10,9 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Int, Unicode
 
-from ipycloud.magics._arguments import parse_line
+from ipycloud.magics._arguments import duration, parse_line
 from ipycloud.magics._display import Notice
+from ipycloud.runtime.checkpoint.manager import KEEP_LAST
 
 if TYPE_CHECKING:
     import argparse
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from ipycloud.runtime.checkpoint import CheckpointManager
 
 ACTIONS = ("save", "restore", "list", "auto")
+AUTO_EVERY_S = 600.0  # %checkpoint auto's default interval
 
 
 @magics_class
@@ -30,11 +32,11 @@ class CheckpointMagics(Magics):
     directory = Unicode(
         "", help="Folder for checkpoints; empty: <platform persistent folder>/checkpoints/default"
     ).tag(config=True)
-    keep_last = Int(3, help="How many of the newest checkpoints to keep").tag(config=True)
+    keep_last = Int(KEEP_LAST, help="How many of the newest checkpoints to keep").tag(
+        config=True)
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._managers: dict[Path, CheckpointManager] = {}
         self._hook_registered = False
 
     @magic_arguments()
@@ -48,7 +50,8 @@ class CheckpointMagics(Magics):
               help="copy the state and write it in the background (save)")
     @argument("--from", dest="which", default="latest",
               help="latest (default), a step number, or a tag (restore)")
-    @argument("--every", default="10m", help="how often auto saves: 90s, 10m, 1h (auto)")
+    @argument("--every", type=duration, help="how often auto saves: 90s, 10m, 1h (auto; "
+              "default 10m)")
     @argument("--off", action="store_true", help="stop automatic checkpoints (auto)")
     @line_magic
     def checkpoint(self, line: str = "") -> Any:
@@ -91,8 +94,10 @@ class CheckpointMagics(Magics):
         args = parse_line(self.checkpoint, line)
         from ipycloud.runtime.checkpoint import CheckpointError
 
+        actions = {"save": self._save, "restore": self._restore, "list": self._list,
+                   "auto": self._auto}
         try:
-            return getattr(self, f"_{args.action}")(args)
+            return actions[args.action](args)
         except (CheckpointError, ValueError) as error:
             raise UsageError(f"%checkpoint {args.action}: {error}") from None
 
@@ -124,7 +129,6 @@ class CheckpointMagics(Magics):
 
     def _auto(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.checkpoint import auto
-        from ipycloud.runtime.units import parse_duration
 
         if args.off:
             previous = auto.unregister()
@@ -141,7 +145,7 @@ class CheckpointMagics(Magics):
         registration = auto.AutoCheckpoint(
             manager=self._manager(args.folder),
             collect=lambda: self._variables(names, "auto"),
-            names=names, every_s=parse_duration(args.every))
+            names=names, every_s=AUTO_EVERY_S if args.every is None else args.every)
         auto.register(registration)
         if not self._hook_registered:
             self._ipython.events.register("post_run_cell", self._after_cell)
@@ -199,12 +203,9 @@ class CheckpointMagics(Magics):
         return Path(chosen).expanduser() if chosen else default_directory("default")
 
     def _manager(self, folder: str | None) -> CheckpointManager:
-        from ipycloud.runtime.checkpoint import CheckpointManager
+        from ipycloud.runtime.checkpoint import manager_for
 
-        path = self._folder(folder)
-        if path not in self._managers:
-            self._managers[path] = CheckpointManager(path, keep_last=self.keep_last)
-        return self._managers[path]
+        return manager_for(self._folder(folder), keep_last=self.keep_last)
 
     def _existing_manager(self, folder: str | None) -> CheckpointManager:
         manager = self._manager(folder)

@@ -8,13 +8,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import parse_line, refuse_options
+from ipycloud.magics._arguments import duration, parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
     import argparse
 
-    from ipycloud.runtime.cells import CellRecorder
+    from ipycloud.runtime.monitor.cells import CellRecorder
     from ipycloud.widgets.dashboard import Dashboard
 
 ACTIONS = ("cells", "report", "stop")
@@ -25,8 +25,8 @@ OPTIONS = {
     "report": {"json", "csv", "instance"},
     "stop": set(),
 }
-DEFAULT_INTERVAL = "1"
-DEFAULT_HISTORY = "5m"
+NO_SAMPLES = ("no samples recorded yet: start monitoring with %dashboard "
+              "(or ipycloud.start_monitoring())")
 
 
 @magics_class
@@ -42,9 +42,9 @@ class DashboardMagics(Magics):
     @argument("action", nargs="?", choices=ACTIONS,
               help="cells: the per-cell table; report: the usage and cost report; stop: stop "
                    "this notebook's dashboards and recording (none: a live dashboard)")
-    @argument("--interval", help=f"seconds between updates (default {DEFAULT_INTERVAL})")
-    @argument("--history", help=f"how far back the sparklines reach, e.g. 90s, 10m (default "
-                                f"{DEFAULT_HISTORY})")
+    @argument("--interval", type=duration, help="seconds between updates (default 1)")
+    @argument("--history", type=duration,
+              help="how far back the sparklines reach, e.g. 90s, 10m (default 5m)")
     @argument("--text", action="store_true",
               help="print one reading as text instead (no ipywidgets needed)")
     @argument("--cells", action="store_true",
@@ -98,21 +98,29 @@ class DashboardMagics(Magics):
         use = args.action or "live"
         refuse_options(self.dashboard, args, OPTIONS[use],
                        "a live dashboard" if use == "live" else use)
+        actions = {"live": self._live, "cells": self._cells, "report": self._report,
+                   "stop": self._stop}
         try:
-            return getattr(self, f"_{use}")(args)
+            return actions[use](args)
         except (ValueError, OSError) as error:
             raise UsageError(f"%dashboard{'' if use == 'live' else ' ' + use}: "
                              f"{one_line(error)}") from None
 
     def _live(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime._optional import require
+        from ipycloud.runtime.monitor.sampler import (
+            DEFAULT_INTERVAL_S,
+            VIEW_HISTORY_S,
+            check_view_pace,
+        )
 
         if args.text:
             if args.interval or args.history:
                 raise ValueError("--interval and --history are for the live panel, not --text")
             return self._text(args.cells)
-        interval = _seconds("--interval", args.interval or DEFAULT_INTERVAL)
-        history = _seconds("--history", args.history or DEFAULT_HISTORY)
+        interval = args.interval or DEFAULT_INTERVAL_S
+        history = args.history or VIEW_HISTORY_S
+        check_view_pace(interval, history)
         try:
             require("ipywidgets", "widgets")
         except ImportError as error:
@@ -127,18 +135,18 @@ class DashboardMagics(Magics):
         return dashboard
 
     def _text(self, cells: bool) -> Notice:
-        from ipycloud.runtime.sampler import shared_sampler
-        from ipycloud.runtime.textview import text_view
+        from ipycloud.runtime.monitor.sampler import shared_sampler
+        from ipycloud.runtime.monitor.textview import text_view
 
-        text = text_view(shared_sampler().sample_now())
+        text = text_view(shared_sampler().sample_now(), live_hint="%dashboard")
         if cells:
             self._record_cells()
             text += "\nrecording each cell's resource use: %dashboard cells shows the table"
         return Notice(text)
 
     def _record_cells(self) -> None:
-        from ipycloud.runtime.cells import CellRecorder
-        from ipycloud.runtime.monitoring import start_monitoring
+        from ipycloud.runtime.monitor.cells import CellRecorder
+        from ipycloud.runtime.monitor.session import start_monitoring
 
         if self._recorder is None:
             self._recorder = CellRecorder(self.shell, start_monitoring())
@@ -147,23 +155,26 @@ class DashboardMagics(Magics):
     def _cells(self, args: argparse.Namespace) -> Any:
         if self._recorder is None:
             raise ValueError("no cells recorded: start recording with %dashboard --cells")
-        return self._recorder.table()
+        return self._recorder.table(start_hint="%dashboard --cells")
 
     def _report(self, args: argparse.Namespace) -> Any:
-        from ipycloud.runtime.report import JsonReport
-        from ipycloud.runtime.usage import usage_report
+        from ipycloud.runtime.machine.report import JsonReport
+        from ipycloud.runtime.monitor.usage import NoSamplesError, usage_report
 
         if args.json and args.csv:
             raise ValueError("--json and --csv do not go together: pick one")
-        report = usage_report(instance=args.instance)
+        try:
+            report = usage_report(instance=args.instance)
+        except NoSamplesError:
+            raise ValueError(NO_SAMPLES) from None
         if args.csv:
             report.to_csv(args.csv)
             return Notice(f"wrote the usage report to {args.csv}")
         return JsonReport(report) if args.json else report
 
     def _stop(self, args: argparse.Namespace) -> Notice:
-        from ipycloud.runtime.monitoring import stop_monitoring
-        from ipycloud.runtime.sampler import shared_sampler
+        from ipycloud.runtime.monitor.sampler import shared_sampler
+        from ipycloud.runtime.monitor.session import stop_monitoring
 
         live = [dashboard for dashboard in self._dashboards if dashboard.active]
         for dashboard in self._dashboards:
@@ -181,11 +192,3 @@ class DashboardMagics(Magics):
                    f"the background sampler keeps running for {others} other user(s)")
         return Notice(f"{' and '.join(done)}; {sampler}")
 
-
-def _seconds(option: str, text: str) -> float:
-    from ipycloud.runtime.units import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise ValueError(f"{option}: {error}") from None

@@ -10,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from ipycloud.magics._arguments import parse_line
 
 if TYPE_CHECKING:
-    from ipycloud.runtime.report import EnvironmentReport, JsonReport
+    from ipycloud.runtime.machine.report import EnvironmentReport, JsonReport
 
 
 @magics_class
@@ -52,7 +52,10 @@ class GpuInfoMagics(Magics):
             info.data["gpus"]["devices"][0]["memory_free"]
         """
         args = parse_line(self.gpuinfo, line)
-        from ipycloud.runtime.report import JsonReport, environment_report  # probes load on use
+        from ipycloud.runtime.machine.report import (  # probes load on use
+            JsonReport,
+            environment_report,
+        )
 
         report = environment_report(processes=args.processes)
         return JsonReport(report) if args.json else report

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import parse_line, refuse_options
+from ipycloud.magics._arguments import duration, durations, parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 
     from IPython.display import DisplayHandle
 
-    from ipycloud.runtime.session import GuardSettings, SessionGuard
+    from ipycloud.runtime.guard.guard import GuardSettings, GuardStatus, SessionGuard
 
 ACTIONS = ("start", "stop", "status")
 
@@ -27,19 +28,20 @@ class KeepaliveMagics(Magics):
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self._guard: SessionGuard | None = None
         self._handle: DisplayHandle | None = None
 
     @magic_arguments()
     @argument("action", nargs="?", default="status", choices=ACTIONS, help="what to do")
-    @argument("--interval", help="time between activity pings: 60 (seconds), 90s, 5m "
-                                 "(default 60s)")
-    @argument("--limit", help="session limit counted from the kernel's start: 12h, 90m "
-                              "(default: the platform's)")
-    @argument("--warn", help="warn and run the deadline actions this long before the limit, "
-                             "comma-separated (default 15m,5m)")
-    @argument("--grace", help="on SIGTERM, the longest wait for the deadline actions "
-                              "(default 25s)")
+    @argument("--interval", type=duration,
+              help="time between activity pings: 60 (seconds), 90s, 5m (default 60s)")
+    @argument("--limit", type=duration,
+              help="session limit counted from the kernel's start: 12h, 90m (default: the "
+                   "platform's)")
+    @argument("--warn", type=durations,
+              help="warn and run the deadline actions this long before the limit, "
+                   "comma-separated (default 15m,5m)")
+    @argument("--grace", type=duration,
+              help="on SIGTERM, the longest wait for the deadline actions (default 25s)")
     @argument("--browser", action="store_true",
               help="add Colab's browser-side ping (best effort; on by default on Colab)")
     @argument("--no-browser", action="store_true", help="no browser-side ping, even on Colab")
@@ -78,69 +80,58 @@ class KeepaliveMagics(Magics):
         refuse_options(self.keepalive, args, set(), args.action)  # options belong to start
         if args.action == "stop":
             return self._stop()
-        return self._get_guard().status()
+        return self._status()
 
     def _start(self, args: argparse.Namespace) -> Any:
-        from IPython.display import display
+        from IPython.display import Javascript, display
 
-        from ipycloud.runtime.activity import running_kernel
+        from ipycloud.runtime.guard.activity import running_kernel
 
-        guard = self._get_guard()
+        guard = self._guard()
+        guard.notify = self._show
         try:
             guard.start(_settings(args))
         except ValueError as error:
             raise UsageError(f"%keepalive start: {error}") from None
+        if guard.browser_script is not None:
+            display(Javascript(guard.browser_script))
         if running_kernel() is None:
-            return guard.status()
-        self._handle = display(guard.status(), display_id=True)  # updated by each notice
+            return self._status()
+        self._handle = display(self._status(), display_id=True)  # updated by each notice
         return None
 
     def _stop(self) -> Notice:
-        guard = self._guard
-        if guard is None or not guard.running:
+        guard = self._guard()
+        if not guard.running:
             return Notice("keepalive was not running")
         guard.stop()
         self._handle = None
         return Notice("keepalive stopped: no more pings or warnings, SIGTERM handler restored")
 
-    def _get_guard(self) -> SessionGuard:
-        from ipycloud.runtime.session import SessionGuard
+    def _status(self) -> GuardStatus:
+        """The shared guard's status, with this magic's own words for starting it."""
+        return replace(self._guard().status(), start_hint="%keepalive start",
+                       limit_hint="--limit")
 
-        if self._guard is None:
-            self._guard = SessionGuard(notify=self._show)
-        return self._guard
+    @staticmethod
+    def _guard() -> SessionGuard:
+        from ipycloud.runtime.guard.guard import session_guard
+
+        return session_guard()
 
     def _show(self, text: str) -> None:
         """Show the guard's state in this magic's output (stderr already has ``text``)."""
-        if self._handle is not None and self._guard is not None:
-            self._handle.update(self._guard.status())
+        if self._handle is not None:
+            self._handle.update(self._status())
 
 
 def _settings(args: argparse.Namespace) -> GuardSettings:
-    """The guard's settings from the magic's options; UsageError for a malformed one."""
-    from ipycloud.runtime.session import GuardSettings
+    """The guard's settings from the magic's options."""
+    from ipycloud.runtime.guard.guard import GuardSettings
 
     if args.browser and args.no_browser:
         raise UsageError("%keepalive start: give --browser or --no-browser, not both")
-    values: dict[str, Any] = {}
-    for option, key in (("interval", "interval_s"), ("limit", "limit_s"), ("grace", "grace_s")):
-        text = getattr(args, option)
-        if text is not None:
-            values[key] = _duration(option, text)
-    if args.warn is not None:
-        values["warnings_s"] = tuple(_duration("warn", part) for part in args.warn.split(","))
-    if args.browser or args.no_browser:
-        values["browser"] = bool(args.browser)
-    try:
-        return GuardSettings(**values)
-    except ValueError as error:
-        raise UsageError(f"%keepalive start: {error}") from None
-
-
-def _duration(option: str, text: str) -> float:
-    from ipycloud.runtime.units import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError as error:
-        raise UsageError(f"%keepalive start: --{option}: {error}") from None
+    given = {"interval_s": args.interval, "limit_s": args.limit, "grace_s": args.grace,
+             "warnings_s": args.warn,
+             "browser": bool(args.browser) if args.browser or args.no_browser else None}
+    return GuardSettings(**{key: value for key, value in given.items() if value is not None})

@@ -10,13 +10,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import parse_line, refuse_options
+from ipycloud.magics._arguments import duration, parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
     import argparse
-
-    from ipycloud.runtime.storage.background import BackgroundSync
 
 MOUNT_KINDS = ("auto", "drive", "kaggle", "local")
 ACTIONS = (*MOUNT_KINDS, "gdrive", "download", "sync", "status")
@@ -35,10 +33,6 @@ OPTIONS = {
 class StorageMagics(Magics):
     """Storage that outlives the session, and data moved into it safely."""
 
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
-        super().__init__(shell=shell, **kwargs)
-        self._background: list[BackgroundSync] = []
-
     @magic_arguments()
     @argument("action", nargs="?", default="auto", choices=ACTIONS, help="what to do")
     @argument("operands", nargs="*",
@@ -55,7 +49,7 @@ class StorageMagics(Magics):
     @argument("--delete", action="store_true", help="sync: delete what SRC no longer has")
     @argument("--checksum", action="store_true", help="sync: compare contents, not mtimes")
     @argument("--dry-run", action="store_true", help="sync: show what would change")
-    @argument("--every", help="sync: repeat in the background, e.g. 10m")
+    @argument("--every", type=duration, help="sync: repeat in the background, e.g. 10m")
     @line_magic
     def mount_storage(self, line: str = "") -> Any:
         """Mount persistent storage, download data safely, and sync folders to it.
@@ -107,12 +101,10 @@ class StorageMagics(Magics):
         use = ("kaggle download" if args.action == "kaggle" and args.operands else
                "mount" if args.action in MOUNT_KINDS else args.action)
         refuse_options(self.mount_storage, args, OPTIONS[use], use)
+        actions = {"mount": self._mount, "kaggle download": self._kaggle, "gdrive": self._gdrive,
+                   "download": self._download, "sync": self._sync, "status": self._status}
         try:
-            if use == "kaggle download":
-                return self._kaggle(args)
-            if use == "mount":
-                return self._mount(args)
-            return getattr(self, f"_{args.action}")(args)
+            return actions[use](args)
         except (ValueError, OSError, ImportError, MountError, DownloadError, UnsafeArchiveError,
                 KaggleError, GdriveError) as error:
             raise UsageError(f"%mount_storage {args.action}: {one_line(error)}") from None
@@ -158,21 +150,20 @@ class StorageMagics(Magics):
     def _sync(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.storage.background import BackgroundSync
         from ipycloud.runtime.storage.sync import sync
-        from ipycloud.runtime.units import parse_duration
+        from ipycloud.runtime.units import format_seconds
 
         source, target = _expect(args.operands, 2, "%mount_storage sync SRC DST")
         options = {"delete": args.delete, "checksum": args.checksum}
         if args.every:
             if args.dry_run:
                 raise ValueError("--dry-run and --every do not go together")
-            background = BackgroundSync(source, target, parse_duration(args.every),
-                                        **options).start()
-            self._background.append(background)
-            return Notice(f"syncing {source} to {target} every {args.every} in the "
-                          "background, and once more when the kernel exits")
+            BackgroundSync(source, target, args.every, **options).start()
+            return Notice(f"syncing {source} to {target} every {format_seconds(args.every)} "
+                          "in the background, and once more when the kernel exits")
         return sync(source, target, dry_run=args.dry_run, **options)
 
     def _status(self, args: argparse.Namespace) -> Notice:
+        from ipycloud.runtime.storage.background import running_syncs
         from ipycloud.runtime.storage.mount import last_mount
         from ipycloud.runtime.units import format_bytes
 
@@ -183,7 +174,7 @@ class StorageMagics(Magics):
         if mounted is not None:
             free = shutil.disk_usage(mounted.project).free
             lines.append(f"free space there: {format_bytes(free)}")
-        lines += [f"background sync: {sync!r}" for sync in self._background]
+        lines += [f"background sync: {sync!r}" for sync in running_syncs()]
         return Notice("\n".join(lines))
 
 

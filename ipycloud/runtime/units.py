@@ -36,6 +36,11 @@ def format_duration(seconds: float | None) -> str:
     return " ".join(parts)
 
 
+def format_seconds(value: float) -> str:
+    """Seconds as people read them, short ones kept exact enough: ``0.5 s``, ``25 s``, ``2 h``."""
+    return format_duration(value) if value >= 60 else f"{value:.3g} s"  # NaN: "nan s"
+
+
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 

@@ -8,37 +8,29 @@ displays, never creates a widget), and only traits whose value changed.
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from ipycloud.runtime.messages import one_line
-from ipycloud.runtime.readings import Reading, readings
-from ipycloud.runtime.sampler import MAX_INTERVAL_S
+from ipycloud.runtime.monitor.readings import Reading, readings
+from ipycloud.runtime.monitor.sampler import DEFAULT_INTERVAL_S, VIEW_HISTORY_S, check_view_pace
 from ipycloud.runtime.units import format_duration
 from ipycloud.widgets.rows import RowWidgets, set_changed
 from ipycloud.widgets.sparkline import Trace
 
 if TYPE_CHECKING:
-    from ipycloud.runtime.sampler import Sampler, Subscription
-    from ipycloud.runtime.samples import Sample
-
-MIN_INTERVAL = 0.1  # s: faster than a browser can usefully redraw the panel
-MAX_HISTORY = 86400.0
-DEFAULT_HISTORY = 300.0
-# A sample this close (as a fraction of the interval) to the last one shown is skipped, so
-# a dashboard keeps its own pace while a faster subscriber drives the shared sampler.
-PACE_TOLERANCE = 0.9
+    from ipycloud.runtime.monitor.sampler import Sampler, Subscription
+    from ipycloud.runtime.monitor.samples import Sample
 
 
 class Dashboard:
     """A live panel of the machine's resources; display it (it is a widget) and ``start()``."""
 
-    def __init__(self, sampler: Sampler, *, interval: float = 1.0,
-                 history: float = DEFAULT_HISTORY) -> None:
-        check_pace(interval, history)
+    def __init__(self, sampler: Sampler, *, interval: float = DEFAULT_INTERVAL_S,
+                 history: float = VIEW_HISTORY_S) -> None:
+        check_view_pace(interval, history)
         self.sampler = sampler
         self.interval = interval
         self.history = history
@@ -53,7 +45,6 @@ class Dashboard:
             self._record(past)
         self._lock = threading.Lock()
         self._subscription: Subscription | None = None
-        self._last_shown: float | None = None
         self.status = widgets.Label("not started")
         self.stop_button = widgets.Button(description="Stop", icon="stop",
                                           tooltip="stop updating this dashboard")
@@ -96,11 +87,8 @@ class Dashboard:
             set_changed(self.status, value=why)
 
     def update(self, sample: Sample) -> None:
-        """Show ``sample`` (the subscription's callback, run on the sampler thread)."""
-        if (self._last_shown is not None
-                and sample.time - self._last_shown < self.interval * PACE_TOLERANCE):
-            return
-        self._last_shown = sample.time
+        """Show ``sample`` (the subscription's callback, run on the sampler thread at the
+        dashboard's own interval)."""
         try:
             for reading in self._record(sample):
                 row = self.rows.get(reading.key)
@@ -129,21 +117,12 @@ class Dashboard:
         return f"<Dashboard {state}, every {self.interval:g} s, rows {', '.join(self.rows)}>"
 
 
-def check_pace(interval: float, history: float) -> None:
-    """ValueError (one line) unless the interval and history are sensible for a panel."""
-    if not (math.isfinite(interval) and MIN_INTERVAL <= interval <= MAX_INTERVAL_S):
-        raise ValueError(f"the interval must be from {MIN_INTERVAL:g} to {MAX_INTERVAL_S:g} "
-                         f"seconds, not {interval:g}")
-    if not (math.isfinite(history) and interval < history <= MAX_HISTORY):
-        raise ValueError(f"the history must be longer than the interval ({interval:g} s) and "
-                         f"at most {format_duration(MAX_HISTORY)}, not {history:g} s")
-
-
-def live_dashboard(interval: float = 1.0, history: float = DEFAULT_HISTORY) -> Dashboard:
+def live_dashboard(interval: float = DEFAULT_INTERVAL_S,
+                   history: float = VIEW_HISTORY_S) -> Dashboard:
     """Start session monitoring and a dashboard on its sampler; display the result."""
-    from ipycloud.runtime.monitoring import start_monitoring
+    from ipycloud.runtime.monitor.session import start_monitoring
 
-    check_pace(interval, history)  # before monitoring starts: a mistake changes nothing
+    check_view_pace(interval, history)  # before monitoring starts: a mistake changes nothing
     return Dashboard(start_monitoring(), interval=interval, history=history).start()
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ipycloud.runtime.readings import Reading
+from ipycloud.runtime.monitor.readings import Reading
 from ipycloud.widgets.sparkline import WIDTH
 
 LABEL_WIDTH = "7.5em"

@@ -1,9 +1,11 @@
 """Checkpoints users can trust: atomic, rotating, asynchronous, verified, bit-exact resume.
 
+Holds the checkpoint manager and its parts; may import ``machine`` and the shared helpers.
 ``CheckpointManager`` is the entry point; the modules beside it each do one part:
 ``catalog`` (the folder layout), ``state`` (live objects to saveable state and back),
-``rng`` (random generator states), ``auto`` (the objects registered for automatic saving).
-Atomic, durable file writes come from ``ipycloud.runtime.durable``.
+``rng`` (random generator states), ``auto`` (the objects registered for automatic saving),
+``per_folder`` (the one manager of each folder that every front shares). Atomic, durable
+file writes come from ``ipycloud.runtime.durable``.
 """
 
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
@@ -12,9 +14,11 @@ from ipycloud.runtime.checkpoint.errors import (
     CheckpointWarning,
     UnsafeCheckpointError,
 )
-from ipycloud.runtime.checkpoint.manager import CheckpointManager, default_directory
+from ipycloud.runtime.checkpoint.manager import KEEP_LAST, CheckpointManager, default_directory
+from ipycloud.runtime.checkpoint.per_folder import manager_for
 
 __all__ = [
+    "KEEP_LAST",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointManager",
@@ -22,4 +26,5 @@ __all__ = [
     "CheckpointWarning",
     "UnsafeCheckpointError",
     "default_directory",
+    "manager_for",
 ]

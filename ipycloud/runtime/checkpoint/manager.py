@@ -39,6 +39,8 @@ from ipycloud.runtime.durable import (
 
 Which = str | int
 
+KEEP_LAST = 3  # the newest checkpoints a folder keeps unless told otherwise
+
 
 class CheckpointManager:
     """Checkpoints of live training state in one folder: durable, rotated, verifiable.
@@ -50,10 +52,9 @@ class CheckpointManager:
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None,
-                 keep_last: int | None = 3, keep_best: tuple[Any, ...] | None = None,
+                 keep_last: int | None = KEEP_LAST, keep_best: tuple[Any, ...] | None = None,
                  *, run: str = "default") -> None:
-        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-            raise ValueError(f"keep_last must be a positive integer or None, not {keep_last!r}")
+        check_keep_last(keep_last)
         self.directory = Path(directory) if directory is not None else default_directory(run)
         self.keep_last = keep_last
         self.keep_best = _parse_keep_best(keep_best)
@@ -280,9 +281,16 @@ class CheckpointManager:
                       "using the previous one", CheckpointWarning, stacklevel=4)
 
 
+def check_keep_last(keep_last: int | None) -> None:
+    """ValueError unless ``keep_last`` is a positive integer or None (keep all)."""
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
+                                  or keep_last < 1):
+        raise ValueError(f"keep_last must be a positive integer or None, not {keep_last!r}")
+
+
 def default_directory(run: str) -> Path:
     """``<persistent folder>/checkpoints/<run>`` for this platform."""
-    from ipycloud.runtime.platform import detect_platform
+    from ipycloud.runtime.machine.platform import detect_platform
 
     platform = detect_platform()
     if platform.persistent_dir is None:

@@ -1,1 +1,2 @@
-"""Storage: persistent folders, verified downloads, safe extraction, incremental sync."""
+"""Data that outlives the session: mounts, verified downloads, safe extraction, Kaggle, Drive,
+sync. May import ``machine`` and the shared helpers."""

@@ -7,10 +7,10 @@ import logging
 import threading
 from typing import Any
 
-from ipycloud.runtime.deadline import register_action, unregister_action
+from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.storage.sync import PathArg, SyncReport, check_pair, sync
 
-__all__ = ["BackgroundSync"]
+__all__ = ["BackgroundSync", "running_syncs"]
 
 _log = logging.getLogger(__name__)
 
@@ -19,7 +19,8 @@ class BackgroundSync:
     """Sync ``src`` to ``dst`` every ``every_s`` seconds in a daemon thread.
 
     A final sync runs at ``stop()``, at interpreter exit, and as a deadline action of the
-    session guard (``%keepalive``: before the session limit and on SIGTERM) while it runs.
+    session guard (before the session limit and on SIGTERM) while it runs: every running
+    one is listed by ``running_syncs()``.
     An error in the background is logged and kept in ``last_error``; ``stop()`` raises it.
     The thread never prints.
     """
@@ -48,7 +49,7 @@ class BackgroundSync:
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="ipycloud-sync", daemon=True)
         atexit.register(self._at_exit)
-        register_action(self.action_name, self.sync_now)
+        _running().add(self)
         self._thread.start()
         return self
 
@@ -72,7 +73,7 @@ class BackgroundSync:
             self._thread.join()
             self._thread = None
         atexit.unregister(self._at_exit)
-        unregister_action(self.action_name)
+        _running().discard(self)
         if final:
             self.sync_now()
         if self._unreported and self.last_error is not None:
@@ -102,3 +103,38 @@ class BackgroundSync:
     def _at_exit(self) -> None:
         """Interpreter exit: stop and sync a last time."""
         self.stop(final=True)
+
+
+class _Running:
+    """The background syncs started in this process and not stopped yet, in start order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._syncs: dict[int, BackgroundSync] = {}
+
+    def add(self, background: BackgroundSync) -> None:
+        with self._lock:
+            self._syncs[id(background)] = background
+
+    def discard(self, background: BackgroundSync) -> None:
+        with self._lock:
+            self._syncs.pop(id(background), None)
+
+    def listed(self) -> list[BackgroundSync]:
+        with self._lock:
+            return list(self._syncs.values())
+
+    def stop_all(self) -> None:
+        """Stop every one without a final run (a reset, not an exit)."""
+        for background in self.listed():
+            background.stop(final=False)
+
+
+@per_process(close=_Running.stop_all)
+def _running() -> _Running:
+    return _Running()
+
+
+def running_syncs() -> list[BackgroundSync]:
+    """Every background sync of this process that is running, oldest first."""
+    return _running().listed()

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.messages import one_line
-from ipycloud.runtime.platform import Platform, detect_platform
+from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.storage import tree
 
 PROJECT_FOLDERS = ("data", "models", "checkpoints", "logs", "outputs")
@@ -57,7 +58,16 @@ class MountResult:
         printer.text(self.summary())
 
 
-_last_mount: MountResult | None = None
+class _Mounts:
+    """The mounts made in this process; the latest is what downloads default to."""
+
+    def __init__(self) -> None:
+        self.latest: MountResult | None = None
+
+
+@per_process()
+def _mounts() -> _Mounts:
+    return _Mounts()
 
 
 def mount(kind: str = "auto", *, project: str | None = None, force: bool = False,
@@ -88,14 +98,13 @@ def mount(kind: str = "auto", *, project: str | None = None, force: bool = False
     if not result.persistent:
         warnings.warn(f"nothing persists on {platform.name}: {result.project} is lost when "
                       "the session ends; download what you need", StorageWarning, stacklevel=2)
-    global _last_mount
-    _last_mount = result
+    _mounts().latest = result
     return result
 
 
 def last_mount() -> MountResult | None:
     """What ``mount()`` last returned in this process, or None."""
-    return _last_mount
+    return _mounts().latest
 
 
 def data_folder() -> Path:

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ipycloud.runtime.durable import fsync_file, fsync_folder, temp_name_for
-from ipycloud.runtime.filesystem import can_flush_whole, copy_contents, flush_filesystem
+from ipycloud.runtime.storage.filesystem import can_flush_whole, copy_contents, flush_filesystem
 
 _RETRIES = 3
 _BATCH_FILES = 1000

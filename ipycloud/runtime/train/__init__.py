@@ -1,1 +1,4 @@
-"""Training inside the kernel: fit, data loaders, device and precision choice, launch."""
+"""Training inside the kernel: ``fit``, its data, devices, precision, XLA and ``launch``.
+
+May import ``machine``, ``checkpoint`` and the shared helpers.
+"""

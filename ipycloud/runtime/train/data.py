@@ -123,7 +123,7 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, **overrides: Any
     import torch
     from torch.utils.data import DataLoader
 
-    from ipycloud.runtime.hardware import usable_cpus
+    from ipycloud.runtime.machine.snapshot import usable_cpus
     from ipycloud.runtime.train.device import usable_gpus
 
     cores = usable_cpus() or 1

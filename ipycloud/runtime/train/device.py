@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from ipycloud.runtime.train.xla import xla_available, xla_device
 
 if TYPE_CHECKING:
-    from ipycloud.runtime.nvml import GpuInfo
+    from ipycloud.runtime.machine.nvml import GpuInfo
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,6 @@ def usable_gpus() -> tuple[GpuInfo, ...]:
 
 
 def _visible_gpus() -> tuple[GpuInfo, ...]:
-    from ipycloud.runtime import nvml
+    from ipycloud.runtime.machine import nvml
 
     return nvml.snapshot(with_processes=False).devices

@@ -298,7 +298,7 @@ def _check_nccl(nprocs: int, gpus: int) -> None:
 
 def _usable_cpus() -> int:
     """Whole cores this process may run on (affinity and cgroup quota), at least one."""
-    from ipycloud.runtime.hardware import usable_cpus
+    from ipycloud.runtime.machine.snapshot import usable_cpus
 
     return max(1, int(usable_cpus() or 1))
 

@@ -15,7 +15,6 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.checkpoint import auto
@@ -491,12 +490,12 @@ def _seconds(every: str | int) -> float | None:
 
 
 def _manager(checkpoint: Any) -> Any:
-    from ipycloud.runtime.checkpoint import CheckpointManager
+    from ipycloud.runtime.checkpoint import CheckpointManager, manager_for
 
     if checkpoint is None or isinstance(checkpoint, CheckpointManager):
         return checkpoint
     if isinstance(checkpoint, str | os.PathLike):
-        return CheckpointManager(Path(checkpoint), keep_last=3)
+        return manager_for(checkpoint)
     raise TypeError("checkpoint must be a folder or a CheckpointManager, not "
                     f"{type(checkpoint).__name__}")
 

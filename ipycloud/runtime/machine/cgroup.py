@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple, TypeVar
 
-from ipycloud.runtime._files import is_dir, is_file, read_text
+from ipycloud.runtime.machine.system_files import is_dir, is_file, read_text
 
 _MOUNT = "sys/fs/cgroup"
 _SELF_CGROUP = "proc/self/cgroup"

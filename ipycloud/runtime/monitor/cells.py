@@ -20,19 +20,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ipycloud.runtime.probe import torch_cuda
-from ipycloud.runtime.samples import Sample
+from ipycloud.runtime.monitor.probe import torch_cuda
+from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
 from ipycloud.runtime.units import NA, format_bytes, format_duration
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult
 
-    from ipycloud.runtime.sampler import Sampler, Subscription
+    from ipycloud.runtime.monitor.sampler import Sampler, Subscription
 
 CAPACITY = 1000  # records kept per recorder, the oldest dropped first
 EXCERPT_CHARS = 40
-EMPTY_MESSAGE = "no cells recorded yet: start recording with %dashboard --cells, then run cells"
+START_HINT = "CellRecorder.start()"  # how to start recording, unless the front says otherwise
 GPU_SOURCES = {
     "torch": "torch's CUDA allocator in this process (max_memory_allocated)",
     "nvml": "memory used on the device by all processes (NVML)",
@@ -124,9 +124,9 @@ class CellRecorder:
         with self._lock:
             self._running.clear()
 
-    def table(self) -> CellTable:
+    def table(self, start_hint: str = START_HINT) -> CellTable:
         """The records as a table for people."""
-        return CellTable(self.records)
+        return CellTable(self.records, start_hint)
 
     def _pre_run_cell(self, info: ExecutionInfo) -> None:
         sample = self.sampler.sample_now()
@@ -194,8 +194,14 @@ class CellTable:
     HEADERS = ("cell", "source", "wall", "peak RAM", "RAM change", "peak GPU", "GPU change",
                "status")
 
-    def __init__(self, records: Sequence[CellRecord]) -> None:
+    def __init__(self, records: Sequence[CellRecord], start_hint: str = START_HINT) -> None:
         self.records = list(records)
+        self.start_hint = start_hint
+
+    @property
+    def empty_message(self) -> str:
+        """What the table says while nothing is recorded."""
+        return f"no cells recorded yet: start recording with {self.start_hint}, then run cells"
 
     def rows(self) -> Table:
         """Headers and one row of text per record."""
@@ -216,7 +222,7 @@ class CellTable:
 
     def __str__(self) -> str:
         if not self.records:
-            return EMPTY_MESSAGE
+            return self.empty_message
         return "\n".join([*aligned_lines(*self.rows()), "", *self.notes()])
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -224,7 +230,7 @@ class CellTable:
 
     def _repr_html_(self) -> str:
         if not self.records:
-            return f"<p>{EMPTY_MESSAGE}</p>"
+            return f"<p>{self.empty_message}</p>"
         notes = "<br>".join(self.notes())
         return f"{html_table(self.rows())}<p><small>{notes}</small></p>"
 

@@ -2,9 +2,9 @@
 
 Every consumer (dashboards, the usage report, per-cell records) subscribes to the one
 ``shared_sampler()`` of the process, with the interval it needs; the thread samples at the
-shortest interval asked for, keeps a bounded history and hands each sample to every
-subscriber. A subscriber that raises is removed and reported; nothing kills the thread.
-The default probe is ``ipycloud.runtime.probe.take_sample()``.
+shortest interval asked for, keeps a bounded history and hands each subscriber the samples
+due at its own interval. A subscriber that raises is removed and reported; nothing kills the thread.
+The default probe is ``ipycloud.runtime.monitor.probe.take_sample()``.
 """
 
 from __future__ import annotations
@@ -18,23 +18,46 @@ from collections.abc import Callable
 from functools import partial
 
 from ipycloud.runtime.messages import describe_error
-from ipycloud.runtime.probe import take_sample
-from ipycloud.runtime.samples import Sample
+from ipycloud.runtime.monitor.probe import take_sample
+from ipycloud.runtime.monitor.samples import Sample
+from ipycloud.runtime.per_process import per_process
+from ipycloud.runtime.units import format_duration
 
 logger = logging.getLogger(__name__)
 
 SampleCallback = Callable[[Sample], object]
 
+DEFAULT_INTERVAL_S = 1.0
 MAX_INTERVAL_S = 3600.0
+# A live view (dashboard) of the samples: its fastest pace, and how far back it shows.
+VIEW_MIN_INTERVAL_S = 0.1  # faster than a browser can usefully redraw a panel
+VIEW_HISTORY_S = 300.0
+VIEW_MAX_HISTORY_S = 86400.0
+# A sample this close (as a fraction of a subscriber's interval) to the last one it got is
+# not sent to it, so each subscriber keeps its own pace while a faster one drives the thread.
+PACE_TOLERANCE = 0.9
 
 
-def _check_interval(interval: float) -> float:
-    """The interval as a float, or a one-line ValueError saying what is allowed."""
+def check_interval(interval: float, minimum: float | None = None) -> float:
+    """The interval as a float, or a one-line ValueError saying what is allowed.
+
+    Any interval above 0 is allowed unless ``minimum`` (inclusive) is given.
+    """
+    lowest = "above 0 and at most" if minimum is None else f"from {minimum:g} to"
     if (isinstance(interval, bool) or not isinstance(interval, (int, float))
-            or not math.isfinite(interval) or not 0 < interval <= MAX_INTERVAL_S):
-        raise ValueError(f"interval must be a number of seconds above 0 and at most "
+            or not math.isfinite(interval) or not 0 < interval <= MAX_INTERVAL_S
+            or (minimum is not None and interval < minimum)):
+        raise ValueError(f"interval must be a number of seconds {lowest} "
                          f"{MAX_INTERVAL_S:.0f}, not {interval!r}")
     return float(interval)
+
+
+def check_view_pace(interval: float, history: float) -> None:
+    """ValueError (one line) unless the interval and history suit a live view."""
+    check_interval(interval, minimum=VIEW_MIN_INTERVAL_S)
+    if not (math.isfinite(history) and interval < history <= VIEW_MAX_HISTORY_S):
+        raise ValueError(f"the history must be longer than the interval ({interval:g} s) and "
+                         f"at most {format_duration(VIEW_MAX_HISTORY_S)}, not {history:g} s")
 
 
 def _check_capacity(capacity: int) -> int:
@@ -52,7 +75,13 @@ class Subscription:
         self.interval = interval
         self.callback = callback
         self.active = True
+        self.last_sent: float | None = None  # the time of the latest sample it got
         self._sampler = sampler
+
+    def wants(self, sample: Sample) -> bool:
+        """Whether ``sample`` is due for this subscriber at its own interval."""
+        return (self.interval is None or self.last_sent is None
+                or sample.time - self.last_sent >= self.interval * PACE_TOLERANCE)
 
     def cancel(self) -> None:
         """Stop getting samples (idempotent); the thread ends when no subscription is left."""
@@ -71,9 +100,9 @@ def _name(callback: SampleCallback) -> str:
 class Sampler:
     """A daemon thread that samples while anyone subscribes, into a bounded history."""
 
-    def __init__(self, interval: float = 1.0, capacity: int = 3600,
+    def __init__(self, interval: float = DEFAULT_INTERVAL_S, capacity: int = 3600,
                  probe: Callable[[], Sample] | None = None) -> None:
-        self._default_interval = _check_interval(interval)
+        self._default_interval = check_interval(interval)
         self.capacity = _check_capacity(capacity)
         self._probe = probe or take_sample
         # sample_now() between ticks must not move the CPU baseline of the ticks' probe
@@ -107,7 +136,7 @@ class Sampler:
                   interval: float | None = None) -> Subscription:
         """Call ``callback(sample)`` on the sampler thread at each sample; starts the thread."""
         subscription = Subscription(self, callback,
-                                    None if interval is None else _check_interval(interval))
+                                    None if interval is None else check_interval(interval))
         with self._changed:
             self._subscriptions = (*self._subscriptions, subscription)
             if self._stop is None or self._stop.is_set():
@@ -191,8 +220,9 @@ class Sampler:
         for subscription in self._subscriptions:
             if stop.is_set():
                 return
-            if not subscription.active:
+            if not subscription.active or not subscription.wants(sample):
                 continue
+            subscription.last_sent = sample.time
             try:
                 subscription.callback(sample)
             except Exception as error:
@@ -203,14 +233,7 @@ class Sampler:
                 logger.warning(message)
 
 
-_shared_lock = threading.Lock()
-_shared: Sampler | None = None
-
-
+@per_process(close=Sampler.stop)
 def shared_sampler() -> Sampler:
     """The one sampler of this process, created on first use (1 s, one hour of history)."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = Sampler()
-        return _shared
+    return Sampler()

@@ -32,12 +32,15 @@ from typing import Any
 
 
 def running_kernel() -> Any | None:
-    """The ipykernel kernel of this process, or None outside a Jupyter kernel."""
-    if "ipykernel" not in sys.modules:  # never import ipykernel into a plain script
-        return None
-    from ipykernel.kernelbase import Kernel
+    """The ipykernel kernel of this process, or None outside a Jupyter kernel.
 
-    return Kernel.instance() if Kernel.initialized() else None
+    Only a kernel already loaded is looked up: ipykernel is never imported from here.
+    """
+    kernelbase = sys.modules.get("ipykernel.kernelbase")
+    if kernelbase is None:
+        return None
+    kernel_class = kernelbase.Kernel
+    return kernel_class.instance() if kernel_class.initialized() else None
 
 
 class KernelActivity:
@@ -61,7 +64,7 @@ CALLBACK = "ipycloud.keepalive"
 
 _SCRIPT = """\
 (() => {
-  // ipycloud %%keepalive: browser-side activity ping (best effort, see ipycloud docs).
+  // ipycloud keepalive: browser-side activity ping (best effort, see ipycloud docs).
   let waiting = false;
   const timer = setInterval(async () => {
     if (waiting) return;  // a running cell holds the call back; send no more meanwhile
@@ -106,11 +109,19 @@ class BrowserActivity:
         """Tell the script to stop at its next call."""
         self._active.clear()
 
-    def _on_ping(self, token: str) -> Any:
-        from IPython.display import JSON
-
+    def _on_ping(self, token: str) -> _PingReply:
         current = token == self.token and self._active.is_set()
         if current:
             self.pings += 1
             self.last_ping = time.time()
-        return JSON({"active": current})
+        return _PingReply(current)
+
+
+class _PingReply:
+    """The callback's answer, which Colab sends back as ``application/json``."""
+
+    def __init__(self, active: bool) -> None:
+        self.data = {"active": active}
+
+    def _repr_json_(self) -> dict[str, bool]:
+        return self.data

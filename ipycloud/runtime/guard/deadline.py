@@ -1,9 +1,9 @@
 """Deadline actions: the work that must happen before the session ends.
 
 The session guard runs them before the platform's session limit and on SIGTERM. The
-automatic checkpoint (``%checkpoint auto``) always runs first, then the actions registered
-with ``register_action()`` in the order they were registered (``%mount_storage sync
---every`` registers its background sync's final run).
+automatic checkpoint (``checkpoint.auto.register()``) always runs first, then a final run
+of each running background sync (``storage.background.running_syncs()``), then the actions
+registered with ``register_action()`` in the order they were registered.
 
 A run never overlaps another: a trigger that arrives while a run is in progress does not
 start a second one, it waits for the running one and shares its results (the state it saves
@@ -86,7 +86,8 @@ class ActionRun:
         if not self.done.is_set():
             state = "still running"
         elif not self.results:
-            state = "nothing registered (use %checkpoint auto or register_action())"
+            state = ("nothing registered (an automatic checkpoint, a background sync or "
+                     "register_action())")
         else:
             state = f"{len(self.failures)} of {len(self.results)} failed" if self.failures else "ok"
         outcomes = "; ".join(result.describe() for result in self.results)
@@ -128,14 +129,17 @@ def last_run() -> ActionRun | None:
 
 
 def _snapshot() -> list[tuple[str, Action]]:
-    """The built-in automatic checkpoint (when registered), then the registered actions."""
+    """The automatic checkpoint (when registered), the running background syncs, then the
+    registered actions."""
     from ipycloud.runtime.checkpoint import auto
+    from ipycloud.runtime.storage.background import running_syncs
 
     registration = auto.registered()
     with _actions_lock:
         actions = list(_actions.items())
     builtin = [(AUTO_CHECKPOINT, registration.save_now)] if registration is not None else []
-    return [*builtin, *actions]
+    syncs = [(background.action_name, background.sync_now) for background in running_syncs()]
+    return [*builtin, *syncs, *actions]
 
 
 def _execute(name: str, action: Action) -> ActionResult:

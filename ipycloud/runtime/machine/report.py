@@ -10,8 +10,8 @@ import html
 import json
 from typing import Any, Protocol
 
-from ipycloud.runtime.hardware import Snapshot, take_snapshot
-from ipycloud.runtime.nvml import GpuInfo
+from ipycloud.runtime.machine.nvml import GpuInfo
+from ipycloud.runtime.machine.snapshot import Snapshot, take_snapshot
 from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
 from ipycloud.runtime.units import NA, format_bytes, format_duration, format_percent
 

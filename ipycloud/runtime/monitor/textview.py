@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from ipycloud.runtime.readings import DANGER_AT, WARNING_AT, readings
-from ipycloud.runtime.samples import Sample
+from ipycloud.runtime.monitor.readings import DANGER_AT, WARNING_AT, readings
+from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.tables import aligned_lines
 
 BAR_CHARS = 10
@@ -19,8 +19,11 @@ def text_bar(percent: float | None) -> str:
     return "[" + "#" * filled + " " * (BAR_CHARS - filled) + "]"
 
 
-def text_view(sample: Sample) -> str:
-    """Every row of the dashboard for ``sample``, one line per gauge, as aligned text."""
+def text_view(sample: Sample, live_hint: str = "ipycloud.live_dashboard()") -> str:
+    """Every row of the dashboard for ``sample``, one line per gauge, as aligned text.
+
+    ``live_hint`` names, in the front's own words, what shows the rows live.
+    """
     rows = []
     for reading in readings(sample):
         for position, gauge in enumerate(reading.gauges):
@@ -28,7 +31,7 @@ def text_view(sample: Sample) -> str:
                          text_bar(gauge.percent), gauge.amount, gauge.level,
                          reading.detail if position == 0 else ""))
     clock = time.strftime("%H:%M:%S", time.localtime(sample.time))
-    lines = [f"resources at {clock} (one reading; %dashboard shows them live)",
+    lines = [f"resources at {clock} (one reading; {live_hint} shows them live)",
              *aligned_lines(HEADERS, rows)]
     if any(row[5] for row in rows):
         lines.append(f"level: warning from {WARNING_AT:.0f}% of a memory or disk limit, "

@@ -1,6 +1,6 @@
 """The training run of ``ipycloud demo``, as a script: run, killed, rerun, compared.
 
-    python -m ipycloud.demo_training DATA CHECKPOINTS OUT [--kill-after-checkpoint N]
+    python -m ipycloud.cli.demo_training DATA CHECKPOINTS OUT [--kill-after-checkpoint N]
                                      [--steps S] [--precision P] [--device D]
 
 It trains a small MLP with dropout on the dataset in DATA (synthetic, made by the

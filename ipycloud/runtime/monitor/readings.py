@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ipycloud.runtime.samples import DiskSample, GpuSample, Sample
+from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
 from ipycloud.runtime.units import format_bytes, format_percent
 
 WARNING_AT = 80.0  # percent of a memory or disk limit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ipycloud.runtime.units import format_duration
+from ipycloud.runtime.units import format_seconds
 
 _DAY = 86400
 MAX_INTERVAL_S = _DAY
@@ -38,11 +38,6 @@ class GuardSettings:
                 f"the session limit {format_seconds(limit_s)} is not longer than the "
                 f"{format_seconds(self.warnings_s[0])} warning: give a longer limit or later "
                 "warnings (e.g. 5m,1m)")
-
-
-def format_seconds(value: float) -> str:
-    """Seconds as people read them, short ones kept exact enough: ``0.5 s``, ``25 s``, ``2 h``."""
-    return format_duration(value) if value >= 60 else f"{value:.3g} s"  # NaN: "nan s"
 
 
 def _check_range(what: str, value: float, maximum: float) -> None:

@@ -25,7 +25,7 @@ Say = Callable[[str], object]
 
 def run_demo(say: Say = print) -> int:
     """Run the demo, writing its story through ``say``; returns an exit status."""
-    from ipycloud.runtime.report import environment_report
+    from ipycloud.runtime.machine.report import environment_report
 
     say(f"ipycloud {__version__}: what this machine offers for training\n")
     say(str(environment_report(processes=True)))
@@ -33,7 +33,7 @@ def run_demo(say: Say = print) -> int:
         say("\ntorch is not installed: pip install 'ipycloud[torch]' to see a training run "
             "survive a kill and resume bit for bit.")
         return 0
-    from ipycloud.runtime.monitoring import start_monitoring, stop_monitoring
+    from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
 
     start_monitoring(interval=0.5)
     try:
@@ -50,8 +50,8 @@ def run_demo(say: Say = print) -> int:
 
 def _usage_line() -> str:
     """What the background sampler saw during the runs, as %dashboard report totals it."""
+    from ipycloud.runtime.monitor.usage import usage_report
     from ipycloud.runtime.units import format_bytes, format_duration
-    from ipycloud.runtime.usage import usage_report
 
     usage = usage_report().to_dict()
     gpus = f", {usage['gpu_hours']:.3f} GPU-hours" if usage["gpu_count"] else ""
@@ -92,7 +92,7 @@ def _train_kill_resume(folder: Path, say: Say) -> bool:
 
 def _train(folder: Path, name: str, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ipycloud.demo_training", str(folder / "data.pt"),
+        [sys.executable, "-m", "ipycloud.cli.demo_training", str(folder / "data.pt"),
          str(folder / f"{name}-checkpoints"), str(folder / f"{name}.pt"), "--progress",
          *extra], capture_output=True, text=True, timeout=600)
 

@@ -18,8 +18,6 @@ from typing import Any, NamedTuple, TypeVar
 
 import psutil
 
-from ipycloud.runtime.samples import GpuSample
-
 T = TypeVar("T")
 
 
@@ -247,7 +245,7 @@ def _scaled(value: float | None, divisor: float) -> float | None:
     return None if value is None else value / divisor
 
 
-class _Live(NamedTuple):
+class LiveFigures(NamedTuple):
     """The figures of a GPU that change from moment to moment; None where it gives none."""
 
     memory_total: int | None  # bytes
@@ -259,11 +257,20 @@ class _Live(NamedTuple):
     power_draw_w: float | None
 
 
-def _live(nvml: ModuleType, handle: Any) -> _Live:
+class LiveGpu(NamedTuple):
+    """One GPU's live figures with what identifies it, as ``GpuReader.read()`` gives them."""
+
+    cuda_index: int  # the CUDA ordinal as this process sees it
+    name: str
+    power_limit_w: float | None
+    figures: LiveFigures
+
+
+def _live(nvml: ModuleType, handle: Any) -> LiveFigures:
     """Memory, utilisation, temperature and power draw: four NVML calls."""
     memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
     rates = _query(nvml, nvml.nvmlDeviceGetUtilizationRates, handle)
-    return _Live(
+    return LiveFigures(
         memory_total=None if memory is None else memory.total,
         memory_used=None if memory is None else memory.used,
         memory_free=None if memory is None else memory.free,
@@ -365,7 +372,7 @@ class GpuReader:
         # (CUDA ordinal, handle, name, enforced power limit in W)
         self._devices: tuple[tuple[int, Any, str, float | None], ...] = ()
 
-    def read(self) -> tuple[GpuSample, ...]:
+    def read(self) -> tuple[LiveGpu, ...]:
         """Utilisation, memory, temperature and power of each GPU; () without NVML.
 
         Never raises: a figure a GPU does not give (or a GPU that stopped answering) is None.
@@ -388,15 +395,5 @@ class GpuReader:
 
 
 def _reading(nvml: ModuleType, index: int, handle: Any, name: str,
-             power_limit_w: float | None) -> GpuSample:
-    live = _live(nvml, handle)
-    return GpuSample(
-        index=index,
-        name=name,
-        utilization=live.utilization_gpu,
-        memory_used=live.memory_used,
-        memory_total=live.memory_total,
-        temperature=live.temperature_c,
-        power_draw_w=live.power_draw_w,
-        power_limit_w=power_limit_w,
-    )
+             power_limit_w: float | None) -> LiveGpu:
+    return LiveGpu(index, name, power_limit_w, _live(nvml, handle))

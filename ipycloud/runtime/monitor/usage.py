@@ -1,4 +1,4 @@
-"""The usage and cost report: how long the session ran, what the GPUs did, what it cost.
+"""Usage totals of the session, and the usage and cost report built from them.
 
 How time is weighted: each sample counts for the time until the next one, capped at
 ``max(max_gap, 3 x the shortest interval seen before)`` (``max_gap`` is 60 s by default),
@@ -12,30 +12,29 @@ counted time; the estimated cost is the instance's hourly rate times the counted
 from __future__ import annotations
 
 import copy
-import json
 import math
 import threading
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ipycloud.runtime import usage_view
-from ipycloud.runtime.durable import write_bytes_atomically
-from ipycloud.runtime.platform import detect_platform
-from ipycloud.runtime.prices import Cost, InstancePrice, PriceSource, load_prices
-from ipycloud.runtime.samples import GpuSample, Sample
+from ipycloud.runtime.machine.platform import detect_platform
+from ipycloud.runtime.monitor.prices import InstancePrice, PriceSource, load_prices
+from ipycloud.runtime.monitor.samples import GpuSample, Sample
+from ipycloud.runtime.monitor.usage_report import GpuUsage, UsageReport, fraction
+from ipycloud.runtime.per_process import per_process
 
 if TYPE_CHECKING:
-    import os
-
-    from ipycloud.runtime.sampler import Sampler, Subscription
+    from ipycloud.runtime.monitor.sampler import Sampler, Subscription
 
 MAX_GAP_S = 60.0
 IDLE_BELOW_PERCENT = 5.0
-NO_SAMPLES = ("no samples recorded yet: start monitoring with %dashboard "
-              "(or ipycloud.start_monitoring())")
+NO_SAMPLES = "no samples recorded yet: start monitoring with ipycloud.start_monitoring()"
 _GAP_FACTOR = 3
+
+
+class NoSamplesError(ValueError):
+    """A usage report was asked for before any sample was recorded."""
 
 
 @dataclass
@@ -149,24 +148,17 @@ class UsageTracker:
         """The report of what was added so far (see ``usage_report``)."""
         with self._lock:
             if self._newest is None:
-                raise ValueError(NO_SAMPLES)
+                raise NoSamplesError(NO_SAMPLES)
             totals = copy.deepcopy(self._totals)
             totals.add(self._newest, self._interval)
             count = self._count
         return _build(totals, count, instance, prices)
 
 
-_shared: UsageTracker | None = None
-_shared_lock = threading.Lock()
-
-
+@per_process()
 def shared_tracker() -> UsageTracker:
     """The one tracker of this process (``start_monitoring()`` attaches it)."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = UsageTracker()
-        return _shared
+    return UsageTracker()
 
 
 def usage_report(samples: Iterable[Sample] | None = None, *, instance: str | None = None,
@@ -184,84 +176,6 @@ def usage_report(samples: Iterable[Sample] | None = None, *, instance: str | Non
     for sample in sorted(samples, key=lambda sample: sample.time):
         tracker.add(sample)
     return tracker.report(instance=instance, prices=prices)
-
-
-@dataclass(frozen=True)
-class GpuUsage:
-    """One GPU over the session; percentages 0-100, memory in bytes, times in seconds."""
-
-    index: int
-    name: str
-    kind: str | None  # the price table's GPU kind, e.g. "A100 80GB"
-    seconds: float  # counted time this GPU was in the samples
-    utilization_average: float | None
-    utilization_peak: float | None
-    idle_seconds: float | None  # utilisation below the threshold; None when never known
-    idle_share: float | None  # of the time utilisation was known, 0-1
-    memory_average: int | None
-    memory_peak: int | None
-    memory_total: int | None
-    memory_average_percent: float | None
-    memory_peak_percent: float | None
-
-
-@dataclass(frozen=True)
-class UsageReport:
-    """The usage and cost report: text (``str``), HTML, a dict, JSON or a CSV file.
-
-    Times are seconds, memory bytes, percentages 0-100, shares 0-1, money US dollars.
-    """
-
-    started: float  # time.time() of the first sample
-    ended: float  # the newest sample's time plus the time it counts for
-    duration_s: float  # the time counted
-    uncounted_s: float  # the part of ended - started in gaps beyond the cap
-    samples: int
-    gpu_count: int  # the most GPUs in one sample
-    gpu_hours: float
-    idle_below_percent: float
-    cpu_average_percent: float | None
-    cpu_peak_percent: float | None
-    ram_average: int | None
-    ram_peak: int | None
-    ram_limit: int  # when RAM use peaked
-    gpus: tuple[GpuUsage, ...]
-    cost: Cost | None  # this run on its instance; None when the instance is not known
-    cost_basis: str  # how the instance was told, or why it could not be
-    comparison_rule: str
-    comparison: tuple[Cost, ...]  # the same time on other instances, cheapest first
-    prices_about: str
-
-    @property
-    def ram_peak_percent(self) -> float | None:
-        """The RAM peak as a percentage of the limit at that moment."""
-        return _fraction(self.ram_peak, self.ram_limit)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data; the keys are the field names above."""
-        return _plain(asdict(self))
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report as CSV rows of section, item, field, value (sections: session,
-        gpu by index, cost and compare by instance), whole or not at all; returns the path."""
-        target = Path(path)
-        if not target.parent.is_dir():
-            raise FileNotFoundError(f"cannot write {target}: the folder {target.parent} "
-                                    f"does not exist")
-        write_bytes_atomically(target, usage_view.csv_text(self).encode("utf-8"))
-        return target
-
-    def __str__(self) -> str:
-        return usage_view.text(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        return usage_view.html_report(self)
 
 
 def _build(totals: _Totals, count: int, instance: str | None,
@@ -298,24 +212,10 @@ def _gpu_usage(index: int, gpu: _GpuTotals, kind: str | None) -> GpuUsage:
         idle_seconds=None if known is None else gpu.idle_seconds,
         idle_share=gpu.idle_seconds / known if known else None,
         memory_average=memory_average, memory_peak=memory_peak, memory_total=gpu.memory_total,
-        memory_average_percent=_fraction(memory_average, gpu.memory_total),
-        memory_peak_percent=_fraction(memory_peak, gpu.memory_total),
+        memory_average_percent=fraction(memory_average, gpu.memory_total),
+        memory_peak_percent=fraction(memory_peak, gpu.memory_total),
     )
-
-
-def _plain(value: Any) -> Any:
-    """asdict's output with tuples as lists, as JSON gives them back."""
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    return value
 
 
 def _whole(value: float | None) -> int | None:
     return None if value is None else round(value)
-
-
-def _fraction(part: float | None, whole: int | None) -> float | None:
-    return None if part is None or not whole else 100 * part / whole
-

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from ipycloud.runtime._files import is_dir, is_file, read_text
-from ipycloud.runtime.cgroup import CgroupLimits, read_cgroup_limits
+from ipycloud.runtime.machine.cgroup import CgroupLimits, read_cgroup_limits
+from ipycloud.runtime.machine.system_files import is_dir, is_file, read_text
 
 _MINUTE = 60
 _HOUR = 60 * _MINUTE

@@ -1,8 +1,8 @@
 """The session guard: keep the session active, warn before its limit, save work before it ends.
 
 ``SessionGuard.start()`` runs one daemon thread that pings activity every interval
-(``ipycloud.runtime.activity``) and, at each warning point before the session limit, tells
-the user and runs the deadline actions (``ipycloud.runtime.deadline``) exactly once per
+(``ipycloud.runtime.guard.activity``) and, at each warning point before the session limit, tells
+the user and runs the deadline actions (``ipycloud.runtime.guard.deadline``) exactly once per
 point. Elapsed time counts from the start of this process (the kernel). On SIGTERM it runs
 the same actions, waits for them at most the grace period, then puts the previous SIGTERM
 handler back and lets the signal take its course: a Python handler is called, the default
@@ -27,19 +27,21 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ipycloud.runtime.deadline import register_action, run_or_join, unregister_action
-from ipycloud.runtime.guard_settings import GuardSettings, format_seconds
-from ipycloud.runtime.guard_status import GuardStatus
+from ipycloud.runtime.guard.deadline import register_action, run_or_join, unregister_action
+from ipycloud.runtime.guard.settings import GuardSettings
+from ipycloud.runtime.guard.status import GuardStatus
 from ipycloud.runtime.messages import describe_error
+from ipycloud.runtime.per_process import per_process
+from ipycloud.runtime.units import format_seconds
 
 if TYPE_CHECKING:
     from types import FrameType
 
-    from ipycloud.runtime.activity import BrowserActivity, KernelActivity
-    from ipycloud.runtime.deadline import ActionRun
+    from ipycloud.runtime.guard.activity import BrowserActivity, KernelActivity
+    from ipycloud.runtime.guard.deadline import ActionRun
 
 __all__ = ["GuardSettings", "GuardStatus", "SessionGuard", "register_action",
-           "unregister_action"]
+           "session_guard", "unregister_action"]
 
 _KEPT_NOTICES = 20
 
@@ -60,7 +62,7 @@ class SessionGuard:
 
     def __init__(self, *, started_at: float | None = None,
                  notify: Callable[[str], object] | None = None) -> None:
-        from ipycloud.runtime.platform import detect_platform
+        from ipycloud.runtime.machine.platform import detect_platform
 
         self.started_at = process_start() if started_at is None else started_at
         self.notify = notify
@@ -78,13 +80,16 @@ class SessionGuard:
         self._sigterm_installed = False
         self._terminating = False
         self.notices: deque[str] = deque(maxlen=_KEPT_NOTICES)
+        # Colab's browser-side ping, to be displayed as JavaScript by the front; None: none
+        self.browser_script: str | None = None
 
     # -- control ------------------------------------------------------------------------------
 
     def start(self, settings: GuardSettings | None = None) -> None:
         """Start guarding, or replace the settings of the running guard (same thread).
 
-        From the main thread it also handles SIGTERM; elsewhere it cannot.
+        From the main thread it also handles SIGTERM; elsewhere it cannot. On Colab the
+        browser-side ping works once the front displays ``browser_script`` as JavaScript.
         """
         settings = settings or GuardSettings()
         limit, _ = self._resolve_limit(settings)
@@ -95,6 +100,7 @@ class SessionGuard:
             if self._browser is not None:
                 self._browser.stop()
             self.settings, self._browser = settings, browser
+            self.browser_script = None if browser is None else browser.script()
             self._next_ping = 0.0
             if self._kernel is None:
                 self._kernel = _kernel_activity()
@@ -105,10 +111,6 @@ class SessionGuard:
                                                 daemon=True)
                 self._thread.start()
         self._wake.set()
-        if browser is not None:
-            from IPython.display import Javascript, display
-
-            display(Javascript(browser.script()))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread and the browser ping, and put the previous SIGTERM handler back."""
@@ -122,6 +124,7 @@ class SessionGuard:
             if self._browser is not None:
                 self._browser.stop()
                 self._browser = None
+                self.browser_script = None
             self._restore_sigterm()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
@@ -145,7 +148,7 @@ class SessionGuard:
 
     def status(self) -> GuardStatus:
         """Elapsed time, the limit, time left, the next warning, pings, actions and notices."""
-        from ipycloud.runtime.deadline import last_run, registered_actions
+        from ipycloud.runtime.guard.deadline import last_run, registered_actions
 
         with self._lock:
             settings = self.settings or GuardSettings()
@@ -294,13 +297,13 @@ class SessionGuard:
             return settings.limit_s, "as given"
         if self.platform.session_limit_s is not None:
             return float(self.platform.session_limit_s), f"{self.platform.name}'s limit"
-        return None, f"no limit known for {self.platform.name}; give one with --limit"
+        return None, f"no limit known for {self.platform.name}"
 
     def _browser_activity(self, settings: GuardSettings) -> BrowserActivity | None:
         wanted = self.platform.key == "colab" if settings.browser is None else settings.browser
         if not wanted:
             return None
-        from ipycloud.runtime.activity import BrowserActivity
+        from ipycloud.runtime.guard.activity import BrowserActivity
 
         try:
             return BrowserActivity(settings.interval_s)
@@ -312,8 +315,14 @@ class SessionGuard:
             return None
 
 
+@per_process(close=SessionGuard.stop)
+def session_guard() -> SessionGuard:
+    """The session guard of this process, shared by every front (made stopped)."""
+    return SessionGuard()
+
+
 def _kernel_activity() -> KernelActivity | None:
-    from ipycloud.runtime.activity import KernelActivity, running_kernel
+    from ipycloud.runtime.guard.activity import KernelActivity, running_kernel
 
     kernel = running_kernel()
     return None if kernel is None else KernelActivity(kernel)

@@ -9,7 +9,7 @@ from ipycloud._version import __version__
 
 
 def _info(args: argparse.Namespace) -> int:
-    from ipycloud.runtime.report import environment_report
+    from ipycloud.runtime.machine.report import environment_report
 
     report = environment_report(processes=args.processes)
     print(report.to_json() if args.json else report)
@@ -17,7 +17,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ipycloud.demo import run_demo
+    from ipycloud.cli.demo import run_demo
 
     return run_demo()
 

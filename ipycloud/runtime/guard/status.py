@@ -1,4 +1,4 @@
-"""What ``%keepalive status`` shows: the session's clock, its limit, and what the guard did."""
+"""The session guard's status: the session's clock, its limit, and what the guard did."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ipycloud.runtime.guard_settings import format_seconds
-from ipycloud.runtime.units import format_duration
+from ipycloud.runtime.units import format_duration, format_seconds
 
 
 @dataclass(frozen=True)
@@ -29,6 +28,9 @@ class GuardStatus:
     actions: tuple[str, ...]
     last_run: str | None
     notices: tuple[str, ...]
+    # How to start the guard and give a limit, in the words of the front that shows this.
+    start_hint: str = "ipycloud.session_guard().start()"
+    limit_hint: str = "GuardSettings(limit_s=...)"
 
     @property
     def time_left_s(self) -> float | None:
@@ -46,7 +48,7 @@ class GuardStatus:
 
     def _state(self) -> str:
         if not self.running or self.interval_s is None:
-            return "keepalive: stopped (start it with %keepalive start)"
+            return f"keepalive: stopped (start it with {self.start_hint})"
         kernel = ("not in a Jupyter kernel, nothing to ping" if self.kernel_pings is None
                   else f"{self.kernel_pings} kernel pings sent")
         browser = "" if self.browser_pings is None else f", {self._browser()}"
@@ -64,7 +66,8 @@ class GuardStatus:
     def _clock(self) -> str:
         elapsed = f"elapsed {format_duration(self.elapsed_s)}"
         if self.limit_s is None or self.time_left_s is None:
-            return f"{self.platform}: {elapsed}; session limit: {self.limit_source}"
+            return (f"{self.platform}: {elapsed}; session limit: {self.limit_source}; give "
+                    f"one with {self.limit_hint}")
         left = (f"{format_duration(self.time_left_s)} left" if self.time_left_s > 0
                 else "the limit has passed")
         return (f"{self.platform}: {elapsed} of {format_seconds(self.limit_s)} "

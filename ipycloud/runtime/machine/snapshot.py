@@ -16,15 +16,15 @@ from typing import Any
 
 import psutil
 
-from ipycloud.runtime import nvml
-from ipycloud.runtime.cgroup import (
+from ipycloud.runtime.machine import nvml
+from ipycloud.runtime.machine.cgroup import (
     CgroupLimits,
     ContainerMemory,
     container_memory,
     read_cgroup_limits,
 )
-from ipycloud.runtime.platform import Platform, detect_platform
-from ipycloud.runtime.software import SoftwareInfo, probe_software
+from ipycloud.runtime.machine.platform import Platform, detect_platform
+from ipycloud.runtime.machine.software import SoftwareInfo, probe_software
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,17 @@ from typing import Any
 
 import psutil
 
-from ipycloud.runtime.cgroup import CgroupCpuTime, CgroupLimits, container_memory, read_cgroup
-from ipycloud.runtime.hardware import usable_cpus
+from ipycloud.runtime.machine.cgroup import (
+    CgroupCpuTime,
+    CgroupLimits,
+    container_memory,
+    read_cgroup,
+)
+from ipycloud.runtime.machine.nvml import GpuReader, LiveGpu
+from ipycloud.runtime.machine.platform import detect_platform
+from ipycloud.runtime.machine.snapshot import usable_cpus
 from ipycloud.runtime.messages import describe_error
-from ipycloud.runtime.nvml import GpuReader
-from ipycloud.runtime.platform import detect_platform
-from ipycloud.runtime.samples import DiskSample, GpuSample, Sample
+from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +149,7 @@ class Probe:
                 process_rss=self._process.memory_info().rss,
                 disks=_disks((("working", self._working or os.getcwd()),
                               ("persistent", self._persistent))),
-                gpus=_with_torch(self._gpus.read()),
+                gpus=_with_torch(tuple(_gpu_sample(gpu) for gpu in self._gpus.read())),
                 ram_limited=memory.limited,
             )
 
@@ -191,6 +196,14 @@ def torch_cuda() -> Any:
     """
     cuda = getattr(sys.modules.get("torch"), "cuda", None)
     return cuda if cuda is not None and cuda.is_initialized() else None
+
+
+def _gpu_sample(gpu: LiveGpu) -> GpuSample:
+    live = gpu.figures
+    return GpuSample(index=gpu.cuda_index, name=gpu.name, utilization=live.utilization_gpu,
+                     memory_used=live.memory_used, memory_total=live.memory_total,
+                     temperature=live.temperature_c, power_draw_w=live.power_draw_w,
+                     power_limit_w=gpu.power_limit_w)
 
 
 def _with_torch(gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
