@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 # torch is pinned to the CPU build; a bare "torch" would pull a multi-GB CUDA build.
 .venv/bin/python -m pip install --quiet -e '.[test]' 'torch==2.13.0'
+# The layers (pyproject.toml [tool.importlinter]): a back-edge between them fails here.
+.venv/bin/lint-imports --no-cache
 bash scripts/test_browser.sh  # Chromium, for the test that watches the dashboard in JupyterLab
 bash scripts/test_xla.sh  # the XLA lane: torch_xla on its CPU device, in its own venv
 # pytest exits 5 when it collected no test: like any failure, that fails this script.

@@ -158,6 +158,19 @@ def test_interval_is_the_shortest_asked_for_and_changes_at_once() -> None:
     wait_for(lambda: not sampler.running)
 
 
+def test_each_subscriber_gets_samples_at_its_own_interval() -> None:
+    """A slow subscriber keeps its pace while a fast one drives the thread (times 1, 2, ...)."""
+    sampler = Sampler(interval=3600, probe=CountingProbe())
+    every, paced = Collector(), Collector()
+    sampler.subscribe(every, interval=0.001)
+    sampler.subscribe(paced, interval=5)
+    wait_for(lambda: len(every.samples) >= 30)
+    sampler.stop()
+    times = [sample.time for sample in paced.samples]
+    assert len(times) >= 5
+    assert {later - earlier for earlier, later in zip(times, times[1:])} == {5.0}
+
+
 def test_cancel_is_idempotent_and_the_thread_ends_with_the_last_subscription() -> None:
     sampler = Sampler(interval=0.005, probe=CountingProbe())
     first, second = sampler.subscribe(Collector()), sampler.subscribe(Collector())
