@@ -1,10 +1,13 @@
-"""Shared fixtures: a real IPython shell, and NVML boards for a machine without a GPU."""
+"""Shared fixtures: a real IPython shell, NVML boards for a machine without a GPU, a plain
+local machine, Colab's callback registry, and a fresh process state around every test."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from fake_nvml import BOARDS, FakeBoard, build_module
@@ -51,3 +54,28 @@ def board(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str | FakeBoard
 
     yield install
     nvml.shutdown()
+
+
+@pytest.fixture
+def local_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A plain local machine whose home is tmp_path/home, and tmp_path as working folder."""
+    for variable in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "JUPYTERHUB_USER",
+                     "BINDER_SERVICE_HOST", "PAPERSPACE_CLUSTER_ID"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def colab_callbacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., Any]]:
+    """``google.colab.output.register_callback`` as Colab has it, recording the callbacks."""
+    callbacks: dict[str, Callable[..., Any]] = {}
+    google, colab, output = (ModuleType(name) for name in
+                             ("google", "google.colab", "google.colab.output"))
+    google.__path__, colab.__path__ = [], []  # packages
+    output.register_callback = callbacks.__setitem__  # type: ignore[attr-defined]
+    google.colab, colab.output = colab, output  # type: ignore[attr-defined]
+    for module in (google, colab, output):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return callbacks

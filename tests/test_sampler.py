@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -168,7 +169,7 @@ def test_each_subscriber_gets_samples_at_its_own_interval() -> None:
     sampler.stop()
     times = [sample.time for sample in paced.samples]
     assert len(times) >= 5
-    assert {later - earlier for earlier, later in zip(times, times[1:])} == {5.0}
+    assert {later - earlier for earlier, later in itertools.pairwise(times)} == {5.0}
 
 
 def test_cancel_is_idempotent_and_the_thread_ends_with_the_last_subscription() -> None:

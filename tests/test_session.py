@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -267,20 +266,6 @@ def test_start_off_the_main_thread_cannot_guard_sigterm(guard: SessionGuard) -> 
 
 
 # -- Colab's browser-side ping ---------------------------------------------------------------
-
-
-@pytest.fixture
-def colab_callbacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., Any]]:
-    """``google.colab.output.register_callback`` as Colab has it, recording the callbacks."""
-    callbacks: dict[str, Callable[..., Any]] = {}
-    google, colab, output = (ModuleType(name) for name in
-                             ("google", "google.colab", "google.colab.output"))
-    google.__path__, colab.__path__ = [], []  # packages
-    output.register_callback = callbacks.__setitem__  # type: ignore[attr-defined]
-    google.colab, colab.output = colab, output  # type: ignore[attr-defined]
-    for module in (google, colab, output):
-        monkeypatch.setitem(sys.modules, module.__name__, module)
-    return callbacks
 
 
 def test_the_browser_script_calls_back_until_stopped(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,18 +17,8 @@ from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.storage.background import BackgroundSync, running_syncs
 
 
-@pytest.fixture
-def plain_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A local machine: no notebook platform's variables, tmp_path as the working folder."""
-    for variable in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "JUPYTERHUB_USER",
-                     "BINDER_SERVICE_HOST", "PAPERSPACE_CLUSTER_ID"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-
-
 def test_keepalive_status_shows_a_guard_started_from_python(
-        shell: InteractiveShell, plain_machine: None) -> None:
+        shell: InteractiveShell, local_home: Path) -> None:
     session_guard().start(GuardSettings(interval_s=60, limit_s=3600))
     status = str(shell.run_line_magic("keepalive", "status"))
     assert status.startswith("keepalive: running, a ping every 1 min")
@@ -38,7 +27,7 @@ def test_keepalive_status_shows_a_guard_started_from_python(
 
 
 def test_the_guard_speaks_python_and_the_magic_speaks_options(
-        shell: InteractiveShell, plain_machine: None) -> None:
+        shell: InteractiveShell, local_home: Path) -> None:
     python_words = str(session_guard().status())
     assert "start it with ipycloud.session_guard().start()" in python_words
     assert "give one with GuardSettings(limit_s=...)" in python_words
@@ -49,15 +38,8 @@ def test_the_guard_speaks_python_and_the_magic_speaks_options(
 
 
 def test_on_colab_the_magic_displays_the_browser_ping(
-        shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch) -> None:
-    callbacks: dict[str, Any] = {}
-    google, colab, output = (ModuleType(name) for name in
-                             ("google", "google.colab", "google.colab.output"))
-    google.__path__, colab.__path__ = [], []  # packages
-    output.register_callback = callbacks.__setitem__  # type: ignore[attr-defined]
-    google.colab, colab.output = colab, output  # type: ignore[attr-defined]
-    for module in (google, colab, output):
-        monkeypatch.setitem(sys.modules, module.__name__, module)
+        shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch,
+        colab_callbacks: dict[str, Callable[..., Any]]) -> None:
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")
     shown: list[dict[str, Any]] = []
     monkeypatch.setattr(shell.display_pub, "publish",
@@ -66,7 +48,7 @@ def test_on_colab_the_magic_displays_the_browser_ping(
     scripts = [data["application/javascript"] for data in shown
                if "application/javascript" in data]
     assert len(scripts) == 1 and scripts[0] == session_guard().browser_script
-    assert CALLBACK in scripts[0] and CALLBACK in callbacks
+    assert CALLBACK in scripts[0] and CALLBACK in colab_callbacks
 
 
 def test_the_checkpoint_magic_and_python_share_one_writer_per_folder(

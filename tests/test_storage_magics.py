@@ -21,17 +21,6 @@ from ipycloud.runtime.storage.mount import MountResult
 from ipycloud.runtime.storage.sync import SyncReport
 
 
-@pytest.fixture
-def local_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """A plain local machine whose home is tmp_path/home, and tmp_path as working folder."""
-    for variable in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "JUPYTERHUB_USER",
-                     "BINDER_SERVICE_HOST", "PAPERSPACE_CLUSTER_ID"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path / "home"
-
-
 def tarball(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
