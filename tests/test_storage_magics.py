@@ -170,3 +170,18 @@ def test_gdrive_file_by_share_link_is_verified(
                                               f"--dest {tmp_path / 'bad'} --force")
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "bad/weights.bin").exists()
+
+
+def test_a_kaggle_handle_mistake_names_the_option_in_the_magic_and_the_parameter_in_python(
+        shell) -> None:
+    from ipycloud.runtime.storage.kaggle import kaggle_download
+
+    with pytest.raises(ValueError) as in_python:
+        kaggle_download("{no-owner}")
+    assert str(in_python.value).endswith("(a competition: competition=True)")
+    assert "'{no-owner}'" in str(in_python.value)
+    with pytest.raises(UsageError) as in_magic:
+        shell.run_line_magic("mount_storage", "kaggle no-owner")
+    assert str(in_magic.value) == (
+        "%mount_storage kaggle: invalid Kaggle dataset handle 'no-owner': use OWNER/DATASET "
+        "or OWNER/DATASET/versions/N (a competition: --competition)")

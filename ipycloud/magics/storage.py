@@ -91,7 +91,7 @@ class StorageMagics(Magics):
             %mount_storage status
         """
         args = parse_line(self.mount_storage, line)
-        from ipycloud.runtime.messages import one_line
+        from ipycloud.runtime.messages import ParameterError, one_line
         from ipycloud.runtime.storage.download import DownloadError
         from ipycloud.runtime.storage.extract import UnsafeArchiveError
         from ipycloud.runtime.storage.gdrive import GdriveError
@@ -105,6 +105,9 @@ class StorageMagics(Magics):
                    "download": self._download, "sync": self._sync, "status": self._status}
         try:
             return actions[use](args)
+        except ParameterError as error:
+            text = error.in_words_of({"competition": "--competition"})
+            raise UsageError(f"%mount_storage {args.action}: {text}") from None
         except (ValueError, OSError, ImportError, MountError, DownloadError, UnsafeArchiveError,
                 KaggleError, GdriveError) as error:
             raise UsageError(f"%mount_storage {args.action}: {one_line(error)}") from None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 # ``[Errno 111] Connection refused`` as nested network errors carry it in their text.
 _ERRNO = re.compile(r"\[Errno (-?\d+)\] ([^'\")\]]+)")
@@ -37,3 +37,23 @@ def errno_reason(text: str) -> tuple[int, str] | None:
         return None
     number, reason = found[-1]
     return int(number), reason.strip()
+
+
+class ParameterError(ValueError):
+    """A mistake whose remedy is a parameter: the runtime names it as Python does, and a
+    front can name it its own way (a magic: its option).
+
+    ``template`` holds a ``{name}`` placeholder for each word of ``words``, which maps it to
+    its text: a parameter's Python spelling (``competition="competition=True"``), or a
+    value (``handle=repr(handle)``, kept out of the template so its braces stay text).
+    """
+
+    def __init__(self, template: str, **words: str) -> None:
+        self.template = template
+        self.words = words
+        super().__init__(template.format(**words))
+
+    def in_words_of(self, spellings: Mapping[str, str]) -> str:
+        """The message with each word in ``spellings`` spelled its way (the rest as given)."""
+        return self.template.format(**{**self.words, **spellings})
+

@@ -37,7 +37,7 @@ from ipycloud.runtime.durable import (
     temp_name_for,
     write_bytes_atomically,
 )
-from ipycloud.runtime.messages import errno_reason, one_line
+from ipycloud.runtime.messages import ParameterError, errno_reason, one_line
 from ipycloud.runtime.storage.kaggle_credentials import (
     WEB,
     KaggleAuth,
@@ -145,8 +145,9 @@ def _parse_handle(handle: object, competition: bool) -> _Handle:
     if named and (len(parts) == 2 or versioned):
         version = int(parts[3]) if len(parts) == 4 else None
         return _Handle(str(handle), parts[1], parts[0], version)
-    raise ValueError(f"invalid Kaggle dataset handle {handle!r}: use OWNER/DATASET or "
-                     "OWNER/DATASET/versions/N (a competition: --competition, or competition=True)")
+    raise ParameterError("invalid Kaggle dataset handle {handle}: use OWNER/DATASET or "
+                         "OWNER/DATASET/versions/N (a competition: {competition})",
+                         handle=repr(handle), competition="competition=True")
 
 
 def _destination(h: _Handle, dest: str | os.PathLike[str] | None) -> Path:
