@@ -277,8 +277,6 @@ def kaggle_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[K
     """A started fake Kaggle that kagglehub talks to, with HOME and caches under tmp_path."""
     import kagglehub.config
 
-    from ipycloud.runtime.per_process import reset_process_state
-
     home = tmp_path / "home"
     home.mkdir()
     for name in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_CONFIG_DIR", "KAGGLE_API_TOKEN",
@@ -296,7 +294,6 @@ def kaggle_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[K
                         str(home / ".kaggle"))
     monkeypatch.setattr(kagglehub.config, "DEFAULT_CACHE_FOLDER",
                         str(home / ".cache" / "kagglehub"))
-    reset_process_state()  # no mount from an earlier test
     kagglehub.config.clear_kaggle_credentials()
     monkeypatch.chdir(tmp_path)
     server.start()

@@ -327,7 +327,7 @@ def test_the_report_as_text_json_and_csv(magic_shell, tmp_path: Path) -> None:
         magic_shell.run_line_magic("dashboard", "report --instance nope")
 
 
-def test_a_report_without_samples_is_one_line(magic_shell, monkeypatch) -> None:
+def test_a_report_without_samples_is_one_line(magic_shell) -> None:
     with pytest.raises(UsageError) as caught:
         magic_shell.run_line_magic("dashboard", "report")
     assert str(caught.value) == ("%dashboard report: no samples recorded yet: start monitoring "

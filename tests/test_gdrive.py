@@ -23,7 +23,6 @@ from gdrive_server import FakeDrive
 from IPython.lib.pretty import pretty
 
 from ipycloud.runtime.machine.platform import detect_platform
-from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.storage.gdrive import (
     STAGING,
     GdriveError,
@@ -269,7 +268,6 @@ def test_default_destination_is_the_mounted_projects_data_folder(
 ) -> None:
     f = gdrive_server.add_file("d.bin", b"data")
     monkeypatch.chdir(tmp_path)
-    reset_process_state()  # no mount from an earlier test
     assert gdrive_download(f.id, progress=False).path == tmp_path / "data" / "d.bin"
     platform = detect_platform({"HOME": str(tmp_path / "home")}, tmp_path)
     project = mount(project="p", root=tmp_path / "root", platform=platform).project

@@ -21,7 +21,6 @@ from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import GpuSample, Sample
 from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
 from ipycloud.runtime.monitor.usage import NO_SAMPLES, UsageTracker, shared_tracker, usage_report
-from ipycloud.runtime.per_process import reset_process_state
 
 GIB = 2**30
 T0 = 1_700_000_000.0
@@ -363,7 +362,6 @@ def test_no_samples_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(ValueError, match="no samples recorded yet"):
         UsageTracker().report()
 
-    reset_process_state()  # this process's tracker, fresh
     with pytest.raises(ValueError, match="no samples recorded yet"):
         usage_report()
     for each in one_gpu(range(61)):

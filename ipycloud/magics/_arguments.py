@@ -44,8 +44,7 @@ def refuse_options(magic: Callable[..., Any], args: argparse.Namespace, allowed:
     """
     name = magic.__name__
     for option, value in vars(args).items():
-        if option in ("action", "operands", "names") or value in (None, False) or \
-                option in allowed:
+        if option in ("action", "operands") or value in (None, False) or option in allowed:
             continue
         flag = "--" + option.replace("_", "-")
         raise UsageError(f"%{name}: {flag} does not apply to {where} (see %{name}? for usage)")

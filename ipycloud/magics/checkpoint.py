@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
-from traitlets import Int, Unicode
+from traitlets import Int, Unicode, default
 
 from ipycloud.magics._arguments import duration, parse_line
 from ipycloud.magics._display import Notice
-from ipycloud.runtime.checkpoint.manager import KEEP_LAST
 
 if TYPE_CHECKING:
     import argparse
@@ -22,7 +21,6 @@ if TYPE_CHECKING:
     from ipycloud.runtime.checkpoint import CheckpointManager
 
 ACTIONS = ("save", "restore", "list", "auto")
-AUTO_EVERY_S = 600.0  # %checkpoint auto's default interval
 
 
 @magics_class
@@ -32,8 +30,14 @@ class CheckpointMagics(Magics):
     directory = Unicode(
         "", help="Folder for checkpoints; empty: <platform persistent folder>/checkpoints/default"
     ).tag(config=True)
-    keep_last = Int(KEEP_LAST, help="How many of the newest checkpoints to keep").tag(
-        config=True)
+    keep_last = Int(help="How many of the newest checkpoints to keep (default: the "
+                         "runtime's KEEP_LAST)").tag(config=True)
+
+    @default("keep_last")
+    def _keep_last_default(self) -> int:
+        from ipycloud.runtime.checkpoint import KEEP_LAST  # on first use, not at %load_ext
+
+        return KEEP_LAST
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
@@ -50,8 +54,8 @@ class CheckpointMagics(Magics):
               help="copy the state and write it in the background (save)")
     @argument("--from", dest="which", default="latest",
               help="latest (default), a step number, or a tag (restore)")
-    @argument("--every", type=duration, help="how often auto saves: 90s, 10m, 1h (auto; "
-              "default 10m)")
+    @argument("--every", type=duration, default="10m",
+              help="how often auto saves: 90s, 10m, 1h (auto)")
     @argument("--off", action="store_true", help="stop automatic checkpoints (auto)")
     @line_magic
     def checkpoint(self, line: str = "") -> Any:
@@ -145,7 +149,7 @@ class CheckpointMagics(Magics):
         registration = auto.AutoCheckpoint(
             manager=self._manager(args.folder),
             collect=lambda: self._variables(names, "auto"),
-            names=names, every_s=AUTO_EVERY_S if args.every is None else args.every)
+            names=names, every_s=args.every)
         auto.register(registration)
         if not self._hook_registered:
             self._ipython.events.register("post_run_cell", self._after_cell)

@@ -108,11 +108,7 @@ class DashboardMagics(Magics):
 
     def _live(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime._optional import require
-        from ipycloud.runtime.monitor.sampler import (
-            DEFAULT_INTERVAL_S,
-            VIEW_HISTORY_S,
-            check_view_pace,
-        )
+        from ipycloud.runtime.monitor.sampler import DEFAULT_INTERVAL_S, VIEW_HISTORY_S
 
         if args.text:
             if args.interval or args.history:
@@ -120,7 +116,6 @@ class DashboardMagics(Magics):
             return self._text(args.cells)
         interval = args.interval or DEFAULT_INTERVAL_S
         history = args.history or VIEW_HISTORY_S
-        check_view_pace(interval, history)
         try:
             require("ipywidgets", "widgets")
         except ImportError as error:

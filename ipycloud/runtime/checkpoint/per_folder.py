@@ -14,16 +14,13 @@ from pathlib import Path
 from ipycloud.runtime.checkpoint.manager import KEEP_LAST, CheckpointManager, check_keep_last
 from ipycloud.runtime.per_process import per_process
 
-
-class _Managers:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.by_folder: dict[Path, CheckpointManager] = {}
+_lock = threading.Lock()
 
 
 @per_process()
-def _managers() -> _Managers:
-    return _Managers()
+def _managers() -> dict[Path, CheckpointManager]:
+    """Each folder's manager, by its absolute path."""
+    return {}
 
 
 def manager_for(directory: str | os.PathLike[str],
@@ -32,10 +29,10 @@ def manager_for(directory: str | os.PathLike[str],
     check_keep_last(keep_last)
     folder = Path(directory).expanduser()
     key = Path(os.path.abspath(folder))  # one manager, however the folder is named
-    managers = _managers()
-    with managers.lock:
-        manager = managers.by_folder.get(key)
+    with _lock:
+        managers = _managers()
+        manager = managers.get(key)
         if manager is None:
-            manager = managers.by_folder[key] = CheckpointManager(folder, keep_last)
+            manager = managers[key] = CheckpointManager(folder, keep_last)
         manager.keep_last = keep_last
         return manager

@@ -17,6 +17,85 @@ from ipycloud.runtime.monitor.prices import Cost
 from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
 from ipycloud.runtime.units import NA, format_bytes, format_duration, format_percent
 
+
+@dataclass(frozen=True)
+class GpuUsage:
+    """One GPU over the session; percentages 0-100, memory in bytes, times in seconds."""
+
+    index: int
+    name: str
+    kind: str | None  # the price table's GPU kind, e.g. "A100 80GB"
+    seconds: float  # counted time this GPU was in the samples
+    utilization_average: float | None
+    utilization_peak: float | None
+    idle_seconds: float | None  # utilisation below the threshold; None when never known
+    idle_share: float | None  # of the time utilisation was known, 0-1
+    memory_average: int | None
+    memory_peak: int | None
+    memory_total: int | None
+    memory_average_percent: float | None
+    memory_peak_percent: float | None
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """The usage and cost report: text (``str``), HTML, a dict, JSON or a CSV file.
+
+    Times are seconds, memory bytes, percentages 0-100, shares 0-1, money US dollars.
+    """
+
+    started: float  # time.time() of the first sample
+    ended: float  # the newest sample's time plus the time it counts for
+    duration_s: float  # the time counted
+    uncounted_s: float  # the part of ended - started in gaps beyond the cap
+    samples: int
+    gpu_count: int  # the most GPUs in one sample
+    gpu_hours: float
+    idle_below_percent: float
+    cpu_average_percent: float | None
+    cpu_peak_percent: float | None
+    ram_average: int | None
+    ram_peak: int | None
+    ram_limit: int  # when RAM use peaked
+    gpus: tuple[GpuUsage, ...]
+    cost: Cost | None  # this run on its instance; None when the instance is not known
+    cost_basis: str  # how the instance was told, or why it could not be
+    comparison_rule: str
+    comparison: tuple[Cost, ...]  # the same time on other instances, cheapest first
+    prices_about: str
+
+    @property
+    def ram_peak_percent(self) -> float | None:
+        """The RAM peak as a percentage of the limit at that moment."""
+        return fraction(self.ram_peak, self.ram_limit)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data; the keys are the field names above."""
+        return _plain(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_csv(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as CSV rows of section, item, field, value (sections: session,
+        gpu by index, cost and compare by instance), whole or not at all; returns the path."""
+        target = Path(path)
+        if not target.parent.is_dir():
+            raise FileNotFoundError(f"cannot write {target}: the folder {target.parent} "
+                                    f"does not exist")
+        write_bytes_atomically(target, csv_text(self).encode("utf-8"))
+        return target
+
+    def __str__(self) -> str:
+        return text(self)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return html_report(self)
+
+
 CSV_HEADER = ("section", "item", "field", "value")
 
 
@@ -134,84 +213,6 @@ def _clock(seconds: float) -> str:
 
 def _usd(value: float) -> str:
     return f"${value:,.2f}" if value >= 1 or value == 0 else f"${value:.3f}"
-
-
-@dataclass(frozen=True)
-class GpuUsage:
-    """One GPU over the session; percentages 0-100, memory in bytes, times in seconds."""
-
-    index: int
-    name: str
-    kind: str | None  # the price table's GPU kind, e.g. "A100 80GB"
-    seconds: float  # counted time this GPU was in the samples
-    utilization_average: float | None
-    utilization_peak: float | None
-    idle_seconds: float | None  # utilisation below the threshold; None when never known
-    idle_share: float | None  # of the time utilisation was known, 0-1
-    memory_average: int | None
-    memory_peak: int | None
-    memory_total: int | None
-    memory_average_percent: float | None
-    memory_peak_percent: float | None
-
-
-@dataclass(frozen=True)
-class UsageReport:
-    """The usage and cost report: text (``str``), HTML, a dict, JSON or a CSV file.
-
-    Times are seconds, memory bytes, percentages 0-100, shares 0-1, money US dollars.
-    """
-
-    started: float  # time.time() of the first sample
-    ended: float  # the newest sample's time plus the time it counts for
-    duration_s: float  # the time counted
-    uncounted_s: float  # the part of ended - started in gaps beyond the cap
-    samples: int
-    gpu_count: int  # the most GPUs in one sample
-    gpu_hours: float
-    idle_below_percent: float
-    cpu_average_percent: float | None
-    cpu_peak_percent: float | None
-    ram_average: int | None
-    ram_peak: int | None
-    ram_limit: int  # when RAM use peaked
-    gpus: tuple[GpuUsage, ...]
-    cost: Cost | None  # this run on its instance; None when the instance is not known
-    cost_basis: str  # how the instance was told, or why it could not be
-    comparison_rule: str
-    comparison: tuple[Cost, ...]  # the same time on other instances, cheapest first
-    prices_about: str
-
-    @property
-    def ram_peak_percent(self) -> float | None:
-        """The RAM peak as a percentage of the limit at that moment."""
-        return fraction(self.ram_peak, self.ram_limit)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data; the keys are the field names above."""
-        return _plain(asdict(self))
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def to_csv(self, path: str | os.PathLike[str]) -> Path:
-        """Write the report as CSV rows of section, item, field, value (sections: session,
-        gpu by index, cost and compare by instance), whole or not at all; returns the path."""
-        target = Path(path)
-        if not target.parent.is_dir():
-            raise FileNotFoundError(f"cannot write {target}: the folder {target.parent} "
-                                    f"does not exist")
-        write_bytes_atomically(target, csv_text(self).encode("utf-8"))
-        return target
-
-    def __str__(self) -> str:
-        return text(self)
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(str(self))
-
-    def _repr_html_(self) -> str:
-        return html_report(self)
 
 
 def _plain(value: Any) -> Any:
