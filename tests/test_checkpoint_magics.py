@@ -8,7 +8,7 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager, auto
+from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager, auto, manager_for
 
 
 @pytest.fixture
@@ -188,3 +188,12 @@ def test_help_page_lists_every_action_with_examples(shell) -> None:
                     "%checkpoint auto model optimizer --every 10m"):
         assert example in doc
     assert "{save,restore,list,auto}" in doc
+
+
+def test_keep_last_defaults_to_the_runtimes_and_is_configurable(notebook, tmp_path: Path) -> None:
+    magics = notebook.magics_manager.registry["CheckpointMagics"]
+    assert magics.keep_last == 3
+    notebook.run_line_magic("config", "CheckpointMagics.keep_last = 1")
+    for step in (1, 2):
+        notebook.run_line_magic("checkpoint", f"save model --step {step} --dir {tmp_path / 'k'}")
+    assert [info.step for info in manager_for(tmp_path / "k").list()] == [2]
