@@ -100,6 +100,78 @@ def test_the_same_run_is_compared_on_instances_with_as_many_gpus_cheapest_first(
         assert cost.gpus == 2 and cost.hours == 1.0 and cost.cost_usd == cost.usd_per_hour
 
 
+def test_ninety_seconds_cost_a_fortieth_of_the_hourly_rate() -> None:
+    report = usage_report(one_gpu(range(90)), instance="test:two-t4", prices=TWO_T4)
+
+    assert report.duration_s == 90  # 89 one-second intervals, and the last sample's
+    assert report.gpu_hours == pytest.approx(0.025)  # 90 s / 3600 s
+    assert report.cost is not None
+    assert report.cost.hours == pytest.approx(0.025)
+    assert report.cost.cost_usd == pytest.approx(0.0375)  # $1.50/hour x 0.025 h
+    for cost in report.comparison:
+        assert cost.hours == pytest.approx(0.025)
+        assert cost.cost_usd == pytest.approx(cost.usd_per_hour / 40)
+
+
+def test_two_and_a_half_hours_on_two_gpus_cost_two_and_a_half_rates() -> None:
+    busy = (gpu(0, 90.0, 8 * GIB), gpu(1, 60.0, 4 * GIB))
+    history = [sample(T0 + second, gpus=busy) for second in range(0, 9000, 10)]
+
+    report = usage_report(history, instance="test:two-t4", prices=TWO_T4)
+    assert report.samples == 900
+    assert report.duration_s == 9000  # 899 ten-second intervals, and the last sample's
+    assert report.gpu_hours == 5.0  # 2 GPUs x 2.5 h
+    assert report.cost is not None
+    assert (report.cost.hours, report.cost.cost_usd) == (2.5, 3.75)  # $1.50/hour x 2.5 h
+    assert "$3.75 for 2 h 30 min at $1.50/hour" in str(report)
+
+
+def test_colab_compute_units_grow_with_the_time_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20240601")
+    own = {"colab:T4": {"units_per_hour": 2.0, "usd_per_unit": 0.1}}
+
+    report = usage_report(one_gpu(range(0, 5400, 5)), prices=own)  # 1.5 h
+    assert report.cost is not None and report.cost.instance == "colab:T4"
+    assert report.cost.compute_units == pytest.approx(3.0)  # 2 units/hour x 1.5 h
+    assert report.cost.cost_usd == pytest.approx(0.3)  # 3 units x $0.10
+
+
+@pytest.mark.parametrize(("utilization", "idle_s"), [
+    (0.0, 10),
+    (4.99, 10),  # just below the threshold: idle
+    (5.0, 0),  # at the threshold: in use
+    (5.01, 0),  # just above: in use
+])
+def test_a_gpu_is_idle_only_below_the_threshold(utilization: float, idle_s: int) -> None:
+    history = [sample(T0 + second, gpus=(gpu(0, utilization, GIB),)) for second in range(10)]
+
+    (only,) = usage_report(history).gpus
+    assert (only.seconds, only.idle_seconds, only.idle_share) == (10, idle_s, idle_s / 10)
+
+
+def test_idle_time_adds_up_the_readings_below_the_threshold() -> None:
+    # 10 s at 1 Hz: 3 readings at 4.99%, 3 at exactly 5% and 4 at 5.01%.
+    readings = [4.99] * 3 + [5.0] * 3 + [5.01] * 4
+    history = [sample(T0 + second, gpus=(gpu(0, value, GIB),))
+               for second, value in enumerate(readings)]
+
+    (only,) = usage_report(history).gpus
+    assert (only.idle_seconds, only.idle_share) == (3, 0.3)
+    assert "3 s (30%)" in str(usage_report(history))
+
+
+@pytest.mark.parametrize(("gap", "counted", "uncounted"), [
+    (59, 1 + 59 + 59, 0),  # within the 60 s cap: the gap counts, and the last sample as long
+    (60, 1 + 60 + 60, 0),  # at the cap: still within it
+    (61, 1 + 60 + 1, 1),  # beyond: the gap counts for the cap, the last sample for 1 s
+])
+def test_a_gap_at_the_cap_still_counts_in_full(gap: int, counted: int, uncounted: int) -> None:
+    report = usage_report(one_gpu([0, 1, 1 + gap]))
+
+    assert (report.duration_s, report.uncounted_s) == (counted, uncounted)
+    assert report.gpu_hours == counted / 3600
+
+
 def test_an_uncommon_gpu_count_is_compared_with_the_next_count_listed() -> None:
     three = [sample(T0 + second, gpus=tuple(gpu(i, 50.0, GIB) for i in range(3)))
              for second in range(10)]
