@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager, auto
 from ipycloud.runtime.train.data import loader
-from ipycloud.runtime.train.loop import NonFiniteLossError, _to_device, fit
+from ipycloud.runtime.train.batches import to_device
+from ipycloud.runtime.train.loop import NonFiniteLossError, fit
 
 
 def classification_data(samples: int = 256, features: int = 8, seed: int = 0) -> TensorDataset:
@@ -126,13 +127,13 @@ def test_a_nan_loss_stops_the_run_naming_the_steps_and_spares_the_checkpoints(
     data = classification_data(64)
     good = [(inputs, labels) for inputs, labels in DataLoader(data, batch_size=8)]
     poisoned = [*good, (torch.full((8, 8), float("nan")), good[0][1]), *good]
-    with pytest.raises(NonFiniteLossError, match=r"the loss is nan in optimizer steps 9 to 12 "
+    with pytest.raises(NonFiniteLossError, match=r"the loss is nan in optimizer steps 9 to 10 "
                                                  r"\(epoch 0\)"):
         fit(model, torch.optim.SGD(model.parameters(), lr=0.1), poisoned, epochs=1,
             precision="fp32", device="cpu", progress=False, checkpoint=tmp_path,
             checkpoint_every=4)
     manager = CheckpointManager(tmp_path)
-    assert [info.step for info in manager.list()] == [4, 8]  # none of step 12: it saw the NaN
+    assert [info.step for info in manager.list()] == [4, 8]  # read at step 10: nothing after the NaN saved
     restored = mlp()
     manager.load({"model": restored}, strict=False)
     assert all(torch.isfinite(p).all() for p in restored.parameters())
@@ -212,7 +213,7 @@ def test_namedtuple_batches_train_and_keep_their_type_on_the_device(device: str)
     batches = DataLoader(PairDataset(classification_data(64)), batch_size=16)
     first = next(iter(batches))
     assert isinstance(first, Pair)
-    moved = _to_device(first, torch.device(device))  # what fit does off the CPU
+    moved = to_device(first, torch.device(device))  # what fit does off the CPU
     assert isinstance(moved, Pair) and moved.inputs.device.type == device
     assert torch.equal(moved.labels.cpu(), first.labels)
     model = mlp()
@@ -324,6 +325,8 @@ def test_callbacks_see_steps_epochs_and_checkpoints(tmp_path: Path) -> None:
 
         def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
             self.calls.append(("step", step))
+            if logs["loss"] is not None:
+                self.calls.append(("loss", step))
 
         def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
             self.calls.append(("epoch", epoch))
@@ -338,8 +341,9 @@ def test_callbacks_see_steps_epochs_and_checkpoints(tmp_path: Path) -> None:
         device="cpu", progress=False, checkpoint=tmp_path, checkpoint_every=15,
         callbacks=[recorder])
     assert [call for call in recorder.calls if call[0] == "epoch"] == [("epoch", 0), ("epoch", 1)]
-    steps = [step for kind, step in recorder.calls if kind == "step"]
-    assert steps == [10, 15, 20, 30, 40]  # every 10, and before each checkpoint
+    assert [step for kind, step in recorder.calls if kind == "step"] == list(range(1, 41))
+    read = [step for kind, step in recorder.calls if kind == "loss"]
+    assert read == [10, 20, 30, 40]  # the loss is read every log_every=10 steps
     checkpoints = [step for kind, step in recorder.calls if kind == "checkpoint"]
     assert checkpoints == [15, 30, 40]  # each once written, the last one included
 

@@ -1,9 +1,10 @@
-"""Training data, epoch by epoch, able to start part-way into an epoch.
+"""Training data for ``fit``, epoch by epoch, able to start part-way into an epoch.
 
-A DataLoader over a map-style dataset is rebuilt around ``EpochSampler``: each epoch's
-order comes from ``seed + epoch`` alone, so a resumed run sees the same order, and the
-batches already consumed are skipped by index, without loading them. Other iterables
-are read from the start and the consumed batches discarded.
+A DataLoader over a map-style dataset is rebuilt around an ``EpochSampler`` and a
+``SeededDataset`` (see ``sampling``): the epoch's order and every sample's random draws
+follow from the seed, and the batches already consumed are skipped by index, without
+loading them, under any number of processes. Other iterables are read from the start
+and the consumed batches discarded, under the number of processes that consumed them.
 """
 
 from __future__ import annotations
@@ -11,106 +12,171 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-_LOADER_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "drop_last", "timeout",
+from ipycloud.runtime.train.interrupt import WorkerInit
+from ipycloud.runtime.train.sampling import (
+    EpochSampler,
+    SeededDataset,
+    read_seeded,
+    sampler_order,
+    shuffled_order,
+)
+
+_LOADER_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout",
                     "worker_init_fn", "multiprocessing_context", "persistent_workers",
                     "pin_memory_device")
 
 
-class EpochSampler:
-    """The sample indices of one epoch for one rank, from a given position on.
-
-    Shuffled order is ``torch.randperm(length)`` seeded with ``seed + epoch``. With several
-    ranks the order is padded to a multiple of the world size and dealt out round-robin,
-    as torch's DistributedSampler does.
-    """
-
-    def __init__(self, length: int, shuffle: bool, seed: int, rank: int = 0,
-                 world_size: int = 1) -> None:
-        self.length, self.shuffle, self.seed = length, shuffle, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch = 0
-        self.skip = 0  # samples of this epoch already consumed by this rank
-
-    def set_position(self, epoch: int, skip: int) -> None:
-        self.epoch, self.skip = epoch, skip
-
-    def _order(self) -> list[int]:
-        import torch
-
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.length, generator=generator).tolist()
-        else:
-            order = list(range(self.length))
-        padded = math.ceil(self.length / self.world_size) * self.world_size
-        order += order[:padded - len(order)]
-        return order[self.rank::self.world_size]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._order()[self.skip:])
-
-    def __len__(self) -> int:
-        return max(0, math.ceil(self.length / self.world_size) - self.skip)
-
-
 class EpochData:
-    """Batches for ``fit``, one epoch at a time, from any position in the epoch."""
+    """Batches for ``fit`` and this rank's position in them, which a checkpoint records."""
 
     def __init__(self, data: Iterable[Any], seed: int, rank: int = 0,
                  world_size: int = 1) -> None:
-        self.seed = seed
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+        self.batches = 0  # batches this rank consumed in this epoch (after ``_start``)
+        self._start = 0  # units all ranks had consumed in this epoch when this run began it
         self._source = data
-        self._loader, self._sampler, self.batch_size = _rebuild(data, seed, rank, world_size)
+        self._loader, self._sampler, self._units_per_batch = _rebuild(data, seed, rank,
+                                                                      world_size)
+
+    # -- the position ---------------------------------------------------------------------
+
+    def position(self) -> dict[str, Any]:
+        """Where the data stands, as plain data for a checkpoint."""
+        position = {"epoch": self.epoch, "batch": self.batches, "seed": self.seed,
+                    "world_size": self.world_size}
+        if self._sampler is not None:
+            position["consumed"] = self._consumed()
+        return position
+
+    def resume(self, position: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint's ``position()``, refusing what cannot continue exactly."""
+        self.epoch = int(position.get("epoch", 0))
+        saved_world = int(position.get("world_size", 1))
+        if self._sampler is not None and "consumed" in position:
+            self._start, self.batches = int(position["consumed"]), 0
+            if saved_world == self.world_size:  # the same split: count on from the same batch
+                self._start, self.batches = 0, int(position.get("batch", 0))
+            return
+        if saved_world != self.world_size and position.get("batch", 0):
+            raise ValueError(
+                f"the checkpoint was written by {saved_world} process(es) part-way into epoch "
+                f"{self.epoch}, and this data cannot be split again at that point under "
+                f"{self.world_size}: resume with {saved_world}, or pass a DataLoader over a "
+                "map-style dataset")
+        self.batches = int(position.get("batch", 0))
+
+    def next_epoch(self) -> None:
+        self.epoch, self.batches, self._start = self.epoch + 1, 0, 0
+
+    def _consumed(self) -> int:
+        return self._start + self.world_size * self.batches * self._units_per_batch
+
+    # -- the batches ----------------------------------------------------------------------
 
     def batches_per_epoch(self) -> int | None:
         """Batches in a whole epoch for this rank, when known."""
-        if self._sampler is not None and self.batch_size:
-            samples = math.ceil(self._sampler.length / self._sampler.world_size)
+        if self._sampler is not None:
+            units = math.ceil(self._sampler.units() / self.world_size)
+            if self._units_per_batch == 1:
+                return units
             drop = getattr(self._loader, "drop_last", False)
-            return samples // self.batch_size if drop else math.ceil(samples / self.batch_size)
+            per_batch = self._units_per_batch
+            return units // per_batch if drop else math.ceil(units / per_batch)
         try:
             return len(self._source)  # type: ignore[arg-type]
         except TypeError:
             return None
 
-    def epoch(self, epoch: int, skip_batches: int = 0) -> Iterator[Any]:
-        """The batches of ``epoch`` after the first ``skip_batches``."""
+    def check_reproducible(self) -> None:
+        """ValueError when a custom sampler gives another order from the same seed."""
+        sampler = self._custom_sampler()
+        if sampler is not None and read_seeded(sampler, self.seed) != read_seeded(sampler,
+                                                                                 self.seed):
+            raise ValueError(
+                f"the sampler {type(sampler).__name__} gives a different order each time from "
+                "the same seed, so a resumed run would see other data: let it draw from its "
+                "own torch.Generator (generator=...) or from torch's or Python's generator")
+
+    def epoch_batches(self) -> Iterator[Any]:
+        """The rest of the current epoch's batches, counting each one as consumed."""
+        for batch in self._rest_of_epoch():
+            self.batches += 1
+            yield batch
+
+    def _rest_of_epoch(self) -> Iterator[Any]:
         if self._loader is not None and self._sampler is not None:
-            self._sampler.set_position(epoch, skip_batches * (self.batch_size or 1))
-            self._loader.generator.manual_seed(self.seed + epoch)  # worker seeds too
+            self._sampler.set_position(self.epoch, self._consumed())
+            self._loader.generator.manual_seed(self.seed + self.epoch)  # worker seeds too
             return iter(self._loader)
-        if skip_batches:
-            warnings.warn(f"resuming mid-epoch reads and discards {skip_batches} batches: "
+        if self.batches:
+            warnings.warn(f"resuming mid-epoch reads and discards {self.batches} batches: "
                           "use a DataLoader over a map-style dataset to skip them without "
-                          "reading", stacklevel=3)
-        return itertools.islice(iter(self._source), skip_batches, None)
+                          "reading", stacklevel=4)
+        return itertools.islice(iter(self._source), self.batches, None)
+
+    def _custom_sampler(self) -> Any:
+        from torch.utils.data import DataLoader
+
+        if not isinstance(self._source, DataLoader) or self._sampler is None:
+            return None
+        if _plain_sampler(self._source):
+            return None
+        return (self._source.sampler if self._source.batch_size is not None
+                else self._source.batch_sampler)
+
+
+def _plain_sampler(data: Any) -> bool:
+    """Whether ``data`` shuffles (or not) every index once, as DataLoader(shuffle=...) does."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+    sampler = data.sampler
+    if isinstance(sampler, RandomSampler) and (sampler.replacement
+                                               or sampler._num_samples is not None):
+        return False
+    return (isinstance(sampler, RandomSampler | SequentialSampler)
+            and type(data.batch_sampler) is BatchSampler)
 
 
 def _rebuild(data: Iterable[Any], seed: int, rank: int,
-             world_size: int) -> tuple[Any, EpochSampler | None, int | None]:
-    """A DataLoader equal to ``data`` but driven by an EpochSampler, when that is possible."""
+             world_size: int) -> tuple[Any, EpochSampler | None, int]:
+    """A DataLoader equal to ``data`` but driven by an EpochSampler, when that is possible.
+
+    Also returns the sampler and how many of its units make a batch.
+    """
     import torch
-    from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+    from torch.utils.data import DataLoader, RandomSampler
 
     if not isinstance(data, DataLoader):
-        return None, None, None
+        return None, None, 1
     dataset = data.dataset
-    plain_sampler = isinstance(data.sampler, RandomSampler | SequentialSampler)
-    if (not plain_sampler or data.batch_size is None or not hasattr(dataset, "__getitem__")
+    if (not hasattr(dataset, "__getitem__")
             or isinstance(dataset, torch.utils.data.IterableDataset)):
-        return None, None, data.batch_size
-    length = len(dataset)  # type: ignore[arg-type]
-    sampler = EpochSampler(length, isinstance(data.sampler, RandomSampler), seed, rank,
-                           world_size)
+        return None, None, 1
+    if _plain_sampler(data):
+        order = shuffled_order(len(dataset),  # type: ignore[arg-type]
+                               isinstance(data.sampler, RandomSampler), seed)
+    else:
+        order = sampler_order(data.sampler if data.batch_size is not None
+                              else data.batch_sampler, seed)
+    batched = data.batch_size is None
+    sampler = EpochSampler(order, rank, world_size, batched=batched)
     settings = {name: getattr(data, name) for name in _LOADER_SETTINGS if hasattr(data, name)}
     if data.num_workers > 0:
         settings["prefetch_factor"] = data.prefetch_factor
-    loader = DataLoader(dataset, batch_size=data.batch_size, sampler=sampler,
-                        generator=torch.Generator(), **settings)
-    return loader, sampler, data.batch_size
+    settings["worker_init_fn"] = WorkerInit(settings.get("worker_init_fn"))
+    seeded: Any = SeededDataset(dataset, seed)
+    loader: Any
+    if batched:
+        loader = DataLoader(seeded, batch_sampler=sampler, generator=torch.Generator(),
+                            **settings)
+        return loader, sampler, 1
+    loader = DataLoader(seeded, batch_size=data.batch_size, sampler=sampler,
+                        drop_last=data.drop_last, generator=torch.Generator(), **settings)
+    return loader, sampler, data.batch_size or 1
 
 
 def loader(dataset: Any, batch_size: int, shuffle: bool = True, **overrides: Any) -> Any:

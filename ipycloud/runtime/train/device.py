@@ -29,7 +29,13 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     import torch
 
     if device != "auto":
-        chosen = torch.device(device) if not isinstance(device, torch.device) else device
+        try:
+            chosen = torch.device(device) if not isinstance(device, torch.device) else device
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N', 'mps' or a "
+                             f"torch.device, not {device!r}") from error
+        if chosen.type == "cuda":
+            _check_cuda(chosen)
         return DeviceChoice(chosen, chosen.type, "as requested")
     gpus = usable_gpus()
     if gpus:
@@ -44,6 +50,23 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
               if torch.version.cuda is None and _visible_gpus()
               else "no GPU visible, no torch_xla, no MPS")
     return DeviceChoice(torch.device("cpu"), "cpu", reason)
+
+
+def _check_cuda(device: Any) -> None:
+    """ValueError, in one line, for a CUDA device this process cannot train on."""
+    import torch
+
+    if torch.version.cuda is None:
+        raise ValueError(f"device={str(device)!r} needs CUDA, but this torch "
+                         f"{torch.__version__} is a build without CUDA: use device='auto' "
+                         "or 'cpu', or install a CUDA build of torch")
+    gpus = _visible_gpus()
+    if not gpus:
+        raise ValueError(f"device={str(device)!r} needs an NVIDIA GPU, and none is visible: "
+                         "use device='auto' or 'cpu', or pick a GPU runtime")
+    if device.index is not None and device.index >= len(gpus):
+        raise ValueError(f"device={str(device)!r}: only {len(gpus)} NVIDIA GPU(s) are visible "
+                         f"(cuda:0 to cuda:{len(gpus) - 1})")
 
 
 def usable_gpus() -> tuple[GpuInfo, ...]:

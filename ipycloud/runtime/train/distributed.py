@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from multiprocessing import connection
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ipycloud.runtime._optional import require
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.train.device import usable_gpus
 
@@ -146,6 +147,7 @@ def launch(fn: Callable[..., T], *args: Any, nprocs: int | str = "auto",
     ``torch.cuda.is_available()`` initialises the CUDA driver unless
     PYTORCH_NVML_BASED_CUDA_CHECK=1 is set, and a forked rank then fails to use its GPU.
     """
+    require("torch", "torch")
     count, chosen = _check_arguments(nprocs, backend)
     _refuse_after_cuda_init()
     context = _fork_context()

@@ -15,12 +15,14 @@ class History:
     ``steps`` has one row per logged optimizer step (step, epoch, loss, lr); ``epochs`` one
     row per finished epoch (epoch, steps, train_loss, validation metrics, seconds).
     ``table("epochs")`` gives the rows as columns, ready for a plotting library.
+    ``stopped`` says why the run ended early (a callback, early stopping), or is None.
     """
 
     steps: list[dict[str, Any]] = field(default_factory=list)
     epochs: list[dict[str, Any]] = field(default_factory=list)
     device: str = ""
     precision: str = ""
+    stopped: str | None = None
 
     def table(self, which: str = "epochs") -> dict[str, list[Any]]:
         """Column name -> values, for ``"epochs"`` or ``"steps"``."""
@@ -36,11 +38,12 @@ class History:
 
     def to_state(self) -> dict[str, Any]:
         """Plain data for a checkpoint, so a resumed run returns the whole history."""
-        return {"steps": self.steps, "epochs": self.epochs}
+        return {"steps": self.steps, "epochs": self.epochs, "stopped": self.stopped}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.steps = list(state.get("steps", []))
         self.epochs = list(state.get("epochs", []))
+        self.stopped = state.get("stopped")
 
     def _epoch_table(self) -> tuple[list[str], list[list[str]]]:
         columns = self.table("epochs")
@@ -51,8 +54,9 @@ class History:
 
     def summary(self) -> str:
         last = self.steps[-1] if self.steps else {}
+        stopped = f"; {self.stopped}" if self.stopped else ""
         return (f"History: {len(self.epochs)} epoch(s), {last.get('step', 0)} step(s) on "
-                f"{self.device or 'n/a'} in {self.precision or 'n/a'}")
+                f"{self.device or 'n/a'} in {self.precision or 'n/a'}{stopped}")
 
     def __str__(self) -> str:
         headers, rows = self._epoch_table()

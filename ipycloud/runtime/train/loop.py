@@ -1,10 +1,10 @@
 """``fit``: a training loop inside the kernel that uses the hardware it got and resumes exactly.
 
-One optimizer step is ``grad_accum`` micro-batches. Checkpoints are taken only between
-optimizer steps and carry the model, optimizer, scheduler, GradScaler, the random
-generator states, the position inside the epoch and the history, so rerunning the same
-cell after a kernel restart continues the run bit for bit (on the CPU) instead of
-starting over.
+One optimizer step is ``grad_accum`` micro-batches, weighted so that the step equals one
+larger batch. Checkpoints are taken only between optimizer steps and carry the model,
+optimizer, scheduler, GradScaler, the random generator states, the position in the data
+and the history, so rerunning the same cell after a kernel restart, or after
+interrupting it, continues the run bit for bit (on the CPU) instead of starting over.
 """
 
 from __future__ import annotations
@@ -13,18 +13,23 @@ import contextlib
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from ipycloud.runtime._optional import require
 from ipycloud.runtime.checkpoint import auto
-from ipycloud.runtime.checkpoint.state import map_tensors
+from ipycloud.runtime.train import batches as batch_parts
+from ipycloud.runtime.train import resume as resuming
+from ipycloud.runtime.train.callbacks import Callbacks, early_stopping
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.device import DeviceChoice, choose_device
 from ipycloud.runtime.train.history import History
+from ipycloud.runtime.train.interrupt import DeferredInterrupt
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
+from ipycloud.runtime.train.validation import check_metrics, validate
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 MAX_SKIPPED_FP16_STEPS = 25
@@ -32,13 +37,6 @@ MAX_SKIPPED_FP16_STEPS = 25
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite; the message names the step."""
-
-
-@dataclass
-class _Position:
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0
-    batch: int = 0  # micro-batches of this epoch consumed
 
 
 @dataclass
@@ -53,60 +51,78 @@ class _Plan:
     clip_grad_norm: float | None
     checkpoint_every_s: float | None
     checkpoint_every_steps: int | None
-    callbacks: Sequence[Any] = field(default_factory=tuple)
+    log_every: int
+    metrics: dict[str, Any]
 
 
 def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | None = None,
         max_steps: int | None = None, loss_fn: Any = None, val_data: Iterable[Any] | None = None,
-        scheduler: Any = None, precision: str = "auto", grad_accum: int = 1,
-        clip_grad_norm: float | None = None, device: Any = "auto", checkpoint: Any = None,
-        checkpoint_every: str | int = "10m", resume: bool | str | int = "auto",
-        callbacks: Sequence[Any] = (), progress: bool = True, seed: int | None = None) -> History:
+        metrics: Mapping[str, Any] | None = None, scheduler: Any = None,
+        precision: str = "auto", grad_accum: int = 1, clip_grad_norm: float | None = None,
+        device: Any = "auto", checkpoint: Any = None, checkpoint_every: str | int = "10m",
+        resume: bool | str | int = "auto", callbacks: Sequence[Any] = (),
+        early_stop: Sequence[Any] | None = None, log_every: int = LOG_EVERY,
+        progress: bool = True, seed: int | None = None) -> History:
     """Train ``model`` with ``optimizer`` on ``train_data``; returns the History.
 
     - ``epochs`` or ``max_steps`` (optimizer steps) bounds the run; neither means 1 epoch.
+    - Batches are ``(inputs, targets)``, a lone input, or a mapping of the model's keyword
+      arguments (a dict, a Hugging Face ``BatchEncoding``); inputs may be a mapping too.
     - ``loss_fn(outputs, targets)``; without it, a model that returns its own loss (a
-      scalar, or an object or dict with ``loss``) uses that, and integer class labels with
-      logits use cross-entropy. Anything else needs ``loss_fn``.
+      scalar, or ``outputs.loss``) uses that, and logits with integer class labels use
+      cross-entropy (labels of -100 skipped). Anything else needs ``loss_fn``.
+    - ``val_data`` is evaluated after every epoch: ``val_loss``, ``val_accuracy`` for
+      classifiers, and ``val_<name>`` for each of ``metrics={name: fn(predictions, labels)}``.
     - ``device="auto"`` picks CUDA, then XLA, then MPS, then CPU; ``precision="auto"``
-      picks bf16 where the device runs it natively, else fp16 with a GradScaler on CUDA,
-      else fp32.
-    - ``grad_accum`` micro-batches make one optimizer step, equivalent to a larger batch;
+      picks bf16 where the accelerator runs it natively, fp16 with a GradScaler on older
+      GPUs, fp32 on CPUs.
+    - ``grad_accum`` micro-batches make one optimizer step that equals one larger batch
+      (micro-batches weighted by their samples, or by their labels that count);
       ``clip_grad_norm`` clips (after unscaling under fp16).
     - ``checkpoint`` (a folder or a CheckpointManager) is saved every ``checkpoint_every``
-      ("10m", or an int number of steps) and at the end; ``resume="auto"`` continues from
-      its latest checkpoint, mid-epoch included. ``resume=False`` starts afresh; a step or
-      tag resumes from that checkpoint. Objects registered with ``%checkpoint auto`` are
-      also saved between optimizer steps when their save is due.
-    - ``callbacks`` may define ``on_step_end(step, logs)``, ``on_epoch_end(epoch, logs)``
-      and ``on_checkpoint(info)``.
-    - ``seed`` fixes the data order (default: ``torch.initial_seed()``).
+      ("10m", or an int number of steps), at every epoch's end when the manager keeps the
+      best (``keep_best``; the epoch's metrics go with it), when interrupted, and at the
+      end. ``resume="auto"`` continues from its latest checkpoint, mid-epoch included;
+      ``resume=False`` starts afresh; True, a step or a tag resumes from that checkpoint.
+    - ``callbacks`` may define ``on_step_end(step, logs)`` (every optimizer step; the loss
+      is read every ``log_every`` steps and None in between), ``on_epoch_end(epoch, logs)``
+      and ``on_checkpoint(info)``; a hook returning True stops the run.
+      ``early_stop=("val_loss", 3)`` stops after 3 epochs without improvement.
+    - Interrupting (the Stop button, Ctrl-C) finishes the current step, saves a checkpoint
+      and raises KeyboardInterrupt: rerunning the cell continues. A second interrupt
+      stops at once.
+    - ``seed`` fixes the data order and every sample's random draws (default:
+      ``torch.initial_seed()``).
     Inside ``ipycloud.launch`` the model is wrapped in DDP, each rank reads its share of
     the data, and only rank 0 writes checkpoints and shows progress.
     """
-    import torch
-
-    _check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum)
+    torch = require("torch", "torch")
+    _check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
+    manager = _manager(checkpoint)
+    resuming.check_resume(resume, manager is not None)
     choice = choose_device(device)
     plan = _Plan(
         choice=choice, precision=resolve_precision(precision, choice.device, choice.kind),
         epochs=epochs if epochs is not None or max_steps is not None else 1,
         max_steps=max_steps, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
-        checkpoint_every_s=_seconds(checkpoint_every), callbacks=tuple(callbacks),
-        checkpoint_every_steps=checkpoint_every if isinstance(checkpoint_every, int) else None)
+        checkpoint_every_s=_seconds(checkpoint_every), log_every=log_every,
+        checkpoint_every_steps=checkpoint_every if isinstance(checkpoint_every, int) else None,
+        metrics=check_metrics(metrics))
+    stopping = early_stopping(early_stop)
     trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan,
+                       Callbacks([*callbacks, *([stopping] if stopping else [])]),
                        seed if seed is not None else torch.initial_seed() % 2**31)
-    return trainer.run(train_data, val_data, checkpoint, resume, progress)
+    return trainer.run(train_data, val_data, manager, resume, progress)
 
 
 class _Trainer:
     """One run of ``fit``: the live objects, the plan, and the loop over steps."""
 
     def __init__(self, model: Any, optimizer: Any, scheduler: Any, loss_fn: Any, plan: _Plan,
-                 seed: int) -> None:
+                 callbacks: Callbacks, seed: int) -> None:
         from ipycloud.runtime.train import distributed
 
-        self.plan, self.seed = plan, seed
+        self.plan, self.callbacks, self.seed = plan, callbacks, seed
         self.device = plan.choice.device
         self.raw_model = _move(model, optimizer, self.device)
         self.dist = distributed.distributed_info()
@@ -117,48 +133,45 @@ class _Trainer:
         self.scaler = plan.precision.scaler(self.device)
         self.loss_fn = loss_fn
         self.loss_rule: LossRule | None = None
+        self.shifted = batch_parts.shifts_labels(self.raw_model)
         self.history = History(device=str(self.device), precision=plan.precision.name)
-        self.position = _Position()
+        self.step = 0  # optimizer steps taken
+        self.data: EpochData = None  # type: ignore[assignment]  # set when the run starts
         self.xla = plan.choice.kind == "xla"
-        self._losses: list[Any] = []  # micro-batch losses since the last read, on device
+        self._losses: list[Any] = []  # step losses since the last read, on the device
         self._unlogged_steps = 0
         self._moves_batches = not self.xla and self.device.type != "cpu"
         self._skipped_in_a_row = 0  # fp16 steps skipped by the scaler
         self._reported_checkpoint: str | None = None  # the last one told to callbacks
+        self._saved_at: tuple[int, int] | None = None  # (step, epoch) of the last save
+        self._last_save = time.monotonic()
+        self._interrupt: DeferredInterrupt | None = None
+        self._changed: list[str] = []  # settings a resumed checkpoint replaced
 
     # -- the run --------------------------------------------------------------------------
 
-    def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None, checkpoint: Any,
+    def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None, manager: Any,
             resume: bool | str | int, progress: bool) -> History:
-        manager = _manager(checkpoint)
         resumed = self._resume(manager, resume) if manager is not None else None
-        data = EpochData(train_data, self.seed, *self._rank_and_world())
-        per_epoch = data.batches_per_epoch()
-        if per_epoch == 0:
+        self.data = EpochData(train_data, self.seed, *self._rank_and_world())
+        if resumed is not None:
+            self.data.resume(resumed.data_position or {})
+            self._saved_at = self._position()
+        if manager is not None:
+            self.data.check_reproducible()
+        if self.data.batches_per_epoch() == 0:
             raise ValueError("train_data is empty: it gave no batch")
         bar = Progress(progress and self.main)
-        bar.say(self._first_line(resumed))
-        bar.start(self._total_steps(per_epoch), self.position.step)
-        last_save, saved_steps = time.monotonic(), self.position.step
+        if self._finished():
+            bar.say(self._complete_line(resumed))
+            return self.history
+        for line in self._first_lines(resumed, val_data):
+            bar.say(line)
+        bar.start(self._total_steps(), self.step)
         try:
-            while not self._finished():
-                started = time.monotonic()
-                for _ in self._epoch_steps(data, bar):
-                    if manager is not None and self._checkpoint_due(last_save, saved_steps):
-                        self._log(bar)  # never checkpoint a NaN unseen
-                        self._save(manager, blocking=False)
-                        last_save, saved_steps = time.monotonic(), self.position.step
-                    if self.main:
-                        self._auto_checkpoint(bar)
-                    if self._finished():
-                        break
-                else:
-                    self._end_epoch(val_data, time.monotonic() - started, bar)
-            self._log(bar)
-            if manager is not None and saved_steps != self.position.step:
-                self._save(manager, blocking=True)
-            elif manager is not None:  # the last step is saved already: let it finish
-                self._report_checkpoint(manager.wait())
+            with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
+                                   "(interrupt again to stop at once)") as self._interrupt:
+                self._train(val_data, manager, bar)
         except BaseException:
             if manager is not None:  # let the last good checkpoint finish writing
                 with contextlib.suppress(Exception):
@@ -168,38 +181,88 @@ class _Trainer:
             bar.close()
         return self.history
 
-    def _epoch_steps(self, data: EpochData, bar: Progress) -> Iterator[None]:
+    def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
+        while not self._finished():
+            started = time.monotonic()
+            for _ in self._epoch_steps(bar):
+                self._between_steps(manager, bar)
+                if self._finished():
+                    break
+            else:
+                self._end_epoch(val_data, time.monotonic() - started, bar)
+                if manager is not None and (manager.keep_best is not None
+                                            or self._checkpoint_due()):
+                    self._save(manager, blocking=False)
+                self._pause_if_interrupted(manager, bar)
+            self._note_stop(bar)
+        self._log(bar)
+        if manager is not None and self._saved_at != self._position():
+            self._save(manager, blocking=True)
+        elif manager is not None:  # the last position is saved already: let it finish
+            self._report_checkpoint(manager.wait())
+
+    def _between_steps(self, manager: Any, bar: Progress) -> None:
+        if manager is not None and self._checkpoint_due():
+            self._log(bar)  # never checkpoint a NaN unseen
+            self._save(manager, blocking=False)
+        if self.main:
+            self._auto_checkpoint(bar)
+        self._pause_if_interrupted(manager, bar)
+
+    def _epoch_steps(self, bar: Progress) -> Iterator[None]:
         """Train through the rest of the current epoch, yielding after each optimizer step.
 
         Micro-batches left over at the end of the epoch make one last, smaller step.
         """
-        batches = self._on_device(data.epoch(self.position.epoch, self.position.batch))
         self.model.train()
-        pending, seen = 0, 0
-        for batch in batches:
-            seen += 1
-            self._losses.append(self._micro_step(batch).detach())
-            self.position.batch += 1
-            pending += 1
-            if pending == self.plan.grad_accum:
-                pending = 0
-                self._finish_step(bar)
-                yield
-        if pending:
+        for group in _groups(self._on_device(self.data.epoch_batches()), self.plan.grad_accum):
+            self._train_group(group)
             self._finish_step(bar)
             yield
-        if not seen and not self.position.batch:
+        if not self.data.batches:
             raise ValueError("train_data is empty: it gave no batch" + (
-                f" in epoch {self.position.epoch} (an iterator can be read only once: pass a "
-                "DataLoader or a list)" if self.position.epoch else ""))
+                f" in epoch {self.data.epoch} (an iterator can be read only once: pass a "
+                "DataLoader or a list)" if self.data.epoch else ""))
         self._log(bar)
+
+    def _train_group(self, group: list[Any]) -> None:
+        """Forward and backward over one optimizer step's micro-batches.
+
+        Each micro-batch's mean loss is weighted by its share of the group's items, so the
+        gradient equals that of the group as one batch; under DDP only the last one
+        all-reduces.
+        """
+        weights = self._weights(group) if len(group) > 1 else None
+        step_loss = None
+        for index, batch in enumerate(group):
+            with self._gradient_sync(index == len(group) - 1):
+                _, _, loss = self._forward(batch)
+                if weights is not None:
+                    loss = loss * weights[index]
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+        self._losses.append(step_loss)
+
+    def _weights(self, group: list[Any]) -> list[Any]:
+        counts_labels = self.loss_fn is None
+        counts = [batch_parts.items_in(batch, batch_parts.split(batch)[1], shifted=self.shifted,
+                                       counts_labels=counts_labels) for batch in group]
+        total = sum(counts)
+        return [count / total for count in counts]
+
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
+        no_sync = getattr(self.model, "no_sync", None)  # DistributedDataParallel's
+        return contextlib.nullcontext() if last or no_sync is None else no_sync()
 
     def _finish_step(self, bar: Progress) -> None:
         self._optimizer_step()
-        self.position.step += 1
+        self.step += 1
         self._unlogged_steps += 1
-        if self._unlogged_steps == LOG_EVERY:
-            self._log(bar)
+        row = self._log(bar) if self.step % self.plan.log_every == 0 else None
+        if self.callbacks.callbacks:
+            logs = row or {"step": self.step, "epoch": self.data.epoch, "loss": None,
+                           "lr": self._lr()}
+            self.callbacks.call("on_step_end", self.step, dict(logs))
 
     def _on_device(self, batches: Iterable[Any]) -> Iterable[Any]:
         """The batches on the training device: through torch_xla's loader on XLA."""
@@ -208,21 +271,15 @@ class _Trainer:
 
             return xla.device_loader(batches, self.device)
         if self._moves_batches:
-            return (_to_device(batch, self.device) for batch in batches)
+            return (batch_parts.to_device(batch, self.device) for batch in batches)
         return batches
 
     def _forward(self, batch: Any) -> tuple[Any, Any, Any]:
         """Outputs, targets and loss of one batch, under the run's autocast."""
-        inputs, targets = _split(batch)
+        inputs, targets = batch_parts.split(batch)
         with self.plan.precision.autocast(self.device):
-            outputs = _call(self.model, inputs)
+            outputs = batch_parts.call(self.model, inputs)
             return outputs, targets, self._loss(outputs, targets, batch)
-
-    def _micro_step(self, batch: Any) -> Any:
-        _, _, loss = self._forward(batch)
-        scaled = loss / self.plan.grad_accum if self.plan.grad_accum > 1 else loss
-        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-        return loss
 
     def _optimizer_step(self) -> None:
         import torch
@@ -253,102 +310,109 @@ class _Trainer:
         if self._skipped_in_a_row >= MAX_SKIPPED_FP16_STEPS:
             raise NonFiniteLossError(
                 f"fp16 gradients overflowed {self._skipped_in_a_row} optimizer steps in a "
-                f"row, up to step {self.position.step + 1}: the loss scale fell to "
+                f"row, up to step {self.step + 1}: the loss scale fell to "
                 f"{self.scaler.get_scale():g}; try precision='bf16' or 'fp32', or a lower "
                 "learning rate")
 
     def _loss(self, outputs: Any, targets: Any, batch: Any) -> Any:
         if self.loss_fn is not None:
             return self.loss_fn(outputs, targets if targets is not None else batch)
+        labels = batch_parts.labels_of(batch, targets)
         if self.loss_rule is None:
-            self.loss_rule = pick_loss(outputs, targets)
-        return self.loss_rule.compute(outputs, targets)
+            self.loss_rule = pick_loss(outputs, labels, self.shifted)
+        return self.loss_rule.compute(outputs, labels)
 
-    def _log(self, bar: Progress) -> None:
+    def _log(self, bar: Progress) -> dict[str, Any] | None:
         """Read the losses gathered since the last read (one device sync) and report them."""
         import torch
 
         losses, steps = self._losses, self._unlogged_steps
         if not losses or not steps:
-            return
+            return None
         self._losses, self._unlogged_steps = [], 0
         mean = float(torch.stack(losses).float().mean().item())
         if mean != mean or mean in (float("inf"), float("-inf")):
-            first = self.position.step - steps + 1
+            first = self.step - steps + 1
             raise NonFiniteLossError(
-                f"the loss is {mean} in optimizer steps {first} to {self.position.step} "
-                f"(epoch {self.position.epoch}); earlier checkpoints are intact")
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        row = {"step": self.position.step, "epoch": self.position.epoch, "loss": mean, "lr": lr}
+                f"the loss is {mean} in optimizer steps {first} to {self.step} "
+                f"(epoch {self.data.epoch}); earlier checkpoints are intact")
+        row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self._lr()}
         self.history.steps.append(row)
-        bar.advance(steps, loss=mean, lr=lr)
-        for callback in self.plan.callbacks:
-            if hasattr(callback, "on_step_end"):
-                callback.on_step_end(self.position.step, dict(row))
+        bar.advance(steps, loss=mean, lr=row["lr"])
+        return row
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def _end_epoch(self, val_data: Iterable[Any] | None, seconds: float, bar: Progress) -> None:
-        logs: dict[str, Any] = {"epoch": self.position.epoch, "steps": self.position.step}
-        epoch_steps = [row["loss"] for row in self.history.steps
-                       if row["epoch"] == self.position.epoch]
+        epoch = self.data.epoch
+        logs: dict[str, Any] = {"epoch": epoch, "steps": self.step}
+        epoch_steps = [row["loss"] for row in self.history.steps if row["epoch"] == epoch]
         if epoch_steps:
             logs["train_loss"] = sum(epoch_steps) / len(epoch_steps)
         if val_data is not None:
-            logs.update(self._validate(val_data))
-            if self._steps_on_metric:
-                self.scheduler.step(logs["val_loss"])
+            self.model.eval()
+            logs.update(validate(self._forward, self._on_device(val_data), self.plan.metrics,
+                                 self.shifted))
+            self.model.train()
+        if self._steps_on_metric:
+            self.scheduler.step(logs["val_loss" if val_data is not None else "train_loss"])
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
-        bar.say(f"epoch {self.position.epoch}: " + ", ".join(
+        bar.say(f"epoch {epoch}: " + ", ".join(
             f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
             for key, value in logs.items() if key != "epoch"))
-        for callback in self.plan.callbacks:
-            if hasattr(callback, "on_epoch_end"):
-                callback.on_epoch_end(self.position.epoch, dict(logs))
-        self.position.epoch += 1
-        self.position.batch = 0
+        self.callbacks.call("on_epoch_end", epoch, dict(logs))
+        self.data.next_epoch()
 
-    def _validate(self, val_data: Iterable[Any]) -> dict[str, float]:
-        import torch
-
-        self.model.eval()
-        total, correct, count, batches = None, None, 0, 0  # sums stay on the device
-        with torch.no_grad():
-            for batch in self._on_device(val_data):
-                outputs, targets, loss = self._forward(batch)
-                loss = loss.detach().float()
-                total = loss if total is None else total + loss
-                batches += 1
-                if self.loss_rule is not None and self.loss_rule.classification:
-                    hits = (outputs.argmax(-1) == targets).sum()
-                    correct = hits if correct is None else correct + hits
-                    count += targets.numel()
-        self.model.train()
-        if total is None:
-            raise ValueError("val_data is empty: it gave no batch")
-        metrics = {"val_loss": float(total.item()) / batches}
-        if correct is not None and count:
-            metrics["val_accuracy"] = int(correct.item()) / count
-        return metrics
-
-    # -- bounds and checkpoints -----------------------------------------------------------
+    # -- bounds, stops and checkpoints ----------------------------------------------------
 
     def _finished(self) -> bool:
-        if self.plan.max_steps is not None and self.position.step >= self.plan.max_steps:
+        if self.history.stopped or self.callbacks.stop_reason:
             return True
-        return self.plan.epochs is not None and self.position.epoch >= self.plan.epochs
+        if self.plan.max_steps is not None and self.step >= self.plan.max_steps:
+            return True
+        return self.plan.epochs is not None and self.data.epoch >= self.plan.epochs
 
-    def _total_steps(self, per_epoch: int | None) -> int | None:
+    def _note_stop(self, bar: Progress) -> None:
+        reason = self.callbacks.stop_reason
+        if reason and not self.history.stopped:
+            self.history.stopped = f"{reason} (step {self.step})"
+            bar.say(f"ipycloud.fit: {self.history.stopped}")
+
+    def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
+        """After an interrupt: save where the run stands, say so, and stop the cell."""
+        if self._interrupt is None or not self._interrupt.requested:
+            return
+        self._log(bar)
+        if manager is None:
+            line = (f"ipycloud.fit: interrupted at step {self.step}; no checkpoint= was given, "
+                    "so rerunning this cell starts over (the model keeps what it learned)")
+        else:
+            if self._saved_at != self._position():
+                self._save(manager, blocking=True)
+            line = f"ipycloud.fit: interrupted at step {self.step}; rerun this cell to continue"
+        bar.close()
+        print(line, flush=True)
+        raise KeyboardInterrupt(line)
+
+    def _total_steps(self) -> int | None:
         if self.plan.max_steps is not None:
             return self.plan.max_steps
+        per_epoch = self.data.batches_per_epoch()
         if per_epoch is None or self.plan.epochs is None:
             return None
         return self.plan.epochs * -(-per_epoch // self.plan.grad_accum)  # a last, short step
 
-    def _checkpoint_due(self, last_save: float, saved_steps: int) -> bool:
+    def _checkpoint_due(self) -> bool:
+        saved_step = self._saved_at[0] if self._saved_at else 0
         if self.plan.checkpoint_every_steps is not None:
-            return self.position.step - saved_steps >= self.plan.checkpoint_every_steps
+            return self.step - saved_step >= self.plan.checkpoint_every_steps
         return (self.plan.checkpoint_every_s is not None
-                and time.monotonic() - last_save >= self.plan.checkpoint_every_s)
+                and time.monotonic() - self._last_save >= self.plan.checkpoint_every_s)
+
+    def _position(self) -> tuple[int, int]:
+        return self.step, self.data.epoch
 
     def _state(self) -> dict[str, Any]:
         state: dict[str, Any] = {"model": _OnCpu(self.raw_model) if self.xla else self.raw_model,
@@ -360,14 +424,24 @@ class _Trainer:
             state["scaler"] = self.scaler
         return state
 
+    def _epoch_metrics(self) -> dict[str, float] | None:
+        """The last epoch's metrics, for a checkpoint taken right at that epoch's end."""
+        if self.data.batches or not self.history.epochs:
+            return None
+        logs = self.history.epochs[-1]
+        if logs["epoch"] != self.data.epoch - 1:
+            return None
+        return {key: value for key, value in logs.items()
+                if isinstance(value, float) and key != "seconds"}
+
     def _save(self, manager: Any, blocking: bool) -> None:
+        self._saved_at, self._last_save = self._position(), time.monotonic()
         if not self.main:
             return
-        position = {"epoch": self.position.epoch, "batch": self.position.batch,
-                    "seed": self.seed}
         self._report_checkpoint(manager.wait())  # the previous save, done in the background
-        manager.save(self._state(), self.position.step, epoch=self.position.epoch,
-                     data_position=position, blocking=blocking)
+        manager.save(self._state(), self.step, epoch=self.data.epoch,
+                     data_position=self.data.position(), metrics=self._epoch_metrics(),
+                     blocking=blocking)
         if blocking:
             self._report_checkpoint(manager.wait())
 
@@ -387,38 +461,50 @@ class _Trainer:
         if info is None or info.name == self._reported_checkpoint:
             return
         self._reported_checkpoint = info.name
-        for callback in self.plan.callbacks:
-            if hasattr(callback, "on_checkpoint"):
-                callback.on_checkpoint(info)
+        self.callbacks.call("on_checkpoint", info)
 
     def _resume(self, manager: Any, resume: bool | str | int) -> Any:
         if resume is False:
             return None
-        has_checkpoints = manager.directory.is_dir() and bool(manager.list())
-        if not has_checkpoints:
-            if resume is True or (resume != "auto"):
+        if not (manager.directory.is_dir() and manager.list()):
+            if resume != "auto":
                 raise ValueError(f"nothing to resume from: no checkpoint in {manager.directory}")
             return None
+        scheduled = self.scheduler is not None
+        before = resuming.hyper_parameters(self.optimizer, scheduled)
         state = self._state()
-        which = "latest" if resume in ("auto", True) else resume
+        which = "latest" if resume == "auto" or resume is True else resume
         info = manager.load(state, which=which, map_location="cpu")
         self.history.restore(state["history"])
-        position = info.data_position or {}
-        self.position = _Position(info.step, position.get("epoch", 0), position.get("batch", 0))
-        self.seed = position.get("seed", self.seed)
+        self._changed = resuming.changed_settings(
+            before, resuming.hyper_parameters(self.optimizer, scheduled))
+        self.step = info.step
+        self.seed = (info.data_position or {}).get("seed", self.seed)
+        for callback in self.callbacks.callbacks:
+            if hasattr(callback, "replay"):
+                callback.replay(self.history.epochs)
         return info
 
     def _rank_and_world(self) -> tuple[int, int]:
         return (self.dist.rank, self.dist.world_size) if self.dist is not None else (0, 1)
 
-    def _first_line(self, resumed: Any) -> str:
+    def _first_lines(self, resumed: Any, val_data: Any) -> list[str]:
         plan = self.plan
         where = (f"resuming from {resumed.name} (step {resumed.step}, epoch "
-                 f"{self.position.epoch}, batch {self.position.batch})" if resumed
-                 else "starting")
+                 f"{self.data.epoch}, batch {self.data.batches})" if resumed else "starting")
         world = f", {self.dist.world_size} processes" if self.dist else ""
-        return (f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
-                f"{plan.precision.name} ({plan.precision.reason}){world}")
+        plateau = (", ReduceLROnPlateau steps on train_loss (no val_data)"
+                   if self._steps_on_metric and val_data is None else "")
+        lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
+                 f"{plan.precision.name} ({plan.precision.reason}){world}{plateau}"]
+        changed = resuming.taken_from_checkpoint_line(self._changed)
+        return lines + ([changed] if changed else [])
+
+    def _complete_line(self, resumed: Any) -> str:
+        how = f"{self.history.stopped}; " if self.history.stopped else ""
+        return (f"ipycloud.fit: already complete at step {self.step} (epoch {self.data.epoch}) "
+                f"in {resumed.name}: {how}returning its history (pass resume=False to train "
+                "again)")
 
 
 class _OnCpu:
@@ -434,6 +520,18 @@ class _OnCpu:
 
     def load_state_dict(self, state: Any) -> Any:
         return self._obj.load_state_dict(state)
+
+
+def _groups(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Consecutive lists of ``size`` batches; the last may be shorter."""
+    group: list[Any] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
 
 
 def _move(model: Any, optimizer: Any, device: Any) -> Any:
@@ -457,7 +555,7 @@ def _move(model: Any, optimizer: Any, device: Any) -> Any:
 
 
 def _check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
-                     max_steps: Any, grad_accum: Any) -> None:
+                     max_steps: Any, grad_accum: Any, log_every: Any) -> None:
     import torch
 
     if not isinstance(model, torch.nn.Module):
@@ -470,10 +568,16 @@ def _check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
                         f"{type(train_data).__name__}")
     if epochs is not None and max_steps is not None:
         raise ValueError("give epochs or max_steps, not both")
-    for name, value in (("epochs", epochs), ("max_steps", max_steps), ("grad_accum", grad_accum)):
+    for name, value in (("epochs", epochs), ("max_steps", max_steps), ("grad_accum", grad_accum),
+                        ("log_every", log_every)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or value < 1):
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    mine = {id(parameter) for parameter in model.parameters()}
+    if not any(id(parameter) in mine for group in optimizer.param_groups
+               for parameter in group["params"]):
+        raise ValueError("the optimizer holds none of the model's parameters: build it from "
+                         "this model, e.g. torch.optim.AdamW(model.parameters())")
 
 
 def _seconds(every: str | int) -> float | None:
@@ -498,27 +602,6 @@ def _manager(checkpoint: Any) -> Any:
         return manager_for(checkpoint)
     raise TypeError("checkpoint must be a folder or a CheckpointManager, not "
                     f"{type(checkpoint).__name__}")
-
-
-def _split(batch: Any) -> tuple[Any, Any]:
-    """(inputs, targets) of a batch: a pair, a 1-tuple, a dict or a lone tensor."""
-    if isinstance(batch, list | tuple):
-        if len(batch) == 2:
-            return batch[0], batch[1]
-        if len(batch) == 1:
-            return batch[0], None
-        raise ValueError(f"a batch of {len(batch)} items is ambiguous: give (inputs, targets),"
-                         " a dict, or a custom loss_fn with batches the model can take")
-    return batch, None
-
-
-def _call(model: Any, inputs: Any) -> Any:
-    return model(**inputs) if isinstance(inputs, dict) else model(inputs)
-
-
-def _to_device(batch: Any, device: Any) -> Any:
-    """Move every tensor of a batch (mappings, lists, tuples, namedtuples) to ``device``."""
-    return map_tensors(batch, lambda tensor, _path: tensor.to(device, non_blocking=True))
 
 
 def _steps_on_metric(scheduler: Any) -> bool:
