@@ -28,7 +28,8 @@ from ipycloud.runtime.checkpoint.errors import (
     CheckpointWarning,
     UnsafeCheckpointError,
 )
-from ipycloud.runtime.checkpoint.state import HostBuffers, capture, restore
+from ipycloud.runtime.checkpoint.restore import restore
+from ipycloud.runtime.checkpoint.state import HostBuffers, capture
 from ipycloud.runtime.durable import (
     folder_lock,
     fsync_folder,
@@ -80,7 +81,7 @@ class CheckpointManager:
         catalog.validate_tag(tag)
         checked_metrics = _metrics(metrics)
         position = _json_ready(data_position, "data_position")
-        saved, kinds = capture(state)
+        captured = capture(state)
         rng_states = rng.capture_rng_states()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -89,9 +90,10 @@ class CheckpointManager:
                                   f"{error.strerror or error}") from error
         details: dict[str, Any] = {
             "step": step, "time": time.time(), "tag": tag, "epoch": epoch,
-            "data_position": position, "metrics": checked_metrics, "objects": kinds,
+            "data_position": position, "metrics": checked_metrics, "objects": captured.kinds,
             "rng": sorted(rng_states), "versions": _versions()}
-        payload = {"format": catalog.FORMAT, "state": saved, "kinds": kinds, "rng": rng_states}
+        payload = {"format": catalog.FORMAT, "state": captured.saved, "kinds": captured.kinds,
+                   "shapes": captured.shapes, "rng": rng_states}
         if blocking:
             return self._write(details, payload)
         payload = self._buffers.copy(payload)
@@ -221,7 +223,7 @@ class CheckpointManager:
         self.wait()
         self._require_directory()
         info, payload = self._load_verified(which, map_location, unsafe_allow_pickle)
-        restore(state, payload["state"], strict)
+        restore(state, payload["state"], strict, payload.get("kinds"), payload.get("shapes"))
         if restore_rng:
             rng.restore_rng_states(payload.get("rng", {}))
         return info

@@ -1,23 +1,32 @@
-"""Turning live objects into saveable state and back.
+"""Turning live objects into saveable state, and host copies of it for background writes.
 
 A state maps names to live objects: anything with ``state_dict()`` / ``load_state_dict()``
 (modules, optimizers, LR schedulers, GradScaler), tensors (restored in place), torch
 Generators, and plain values (numbers, strings, lists, dicts), which are put back into the
-mapping on restore. Every leaf must be something ``torch.load(weights_only=True)`` accepts,
-and this is checked before anything is written.
+mapping on restore (``restore.py``). Every leaf must be something
+``torch.load(weights_only=True)`` accepts, and this is checked before anything is written.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from ipycloud.runtime.checkpoint.errors import CheckpointError
-from ipycloud.runtime.messages import one_line
 
 STATEFUL, TENSOR, GENERATOR, VALUE = "stateful", "tensor", "generator", "value"
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
+
+Shapes = list[list[list[int]]]  # per parameter group, the shape of each parameter
+
+
+class Captured(NamedTuple):
+    """A state in saveable form, with what restoring it needs to check first."""
+
+    saved: dict[str, Any]  # name -> state_dict(), tensor, generator state or value
+    kinds: dict[str, str]  # name -> how it was captured
+    shapes: dict[str, Shapes]  # optimizer name -> its parameters' shapes
 
 
 def kind_of(obj: Any) -> str | None:
@@ -36,10 +45,11 @@ def kind_of(obj: Any) -> str | None:
     return None
 
 
-def capture(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The saveable form of each named object, and how each was captured."""
-    saved: dict[str, Any] = {}
-    kinds: dict[str, str] = {}
+def capture(state: Mapping[str, Any]) -> Captured:
+    """The saveable form of each named object, how each was captured, optimizers' shapes."""
+    import torch
+
+    captured = Captured({}, {}, {})
     for name, obj in state.items():
         kind = kind_of(obj)
         if kind is None:
@@ -50,8 +60,16 @@ def capture(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         value = (obj.state_dict() if kind == STATEFUL else obj.detach() if kind == TENSOR
                  else obj.get_state() if kind == GENERATOR else obj)
         check_loadable(value, f"state[{name!r}]")
-        saved[name], kinds[name] = value, kind
-    return saved, kinds
+        captured.saved[name], captured.kinds[name] = value, kind
+        if isinstance(obj, torch.optim.Optimizer):
+            captured.shapes[name] = parameter_shapes(obj)
+    return captured
+
+
+def parameter_shapes(optimizer: Any) -> Shapes:
+    """The shape of every parameter an optimizer holds, group by group."""
+    return [[list(parameter.shape) for parameter in group["params"]]
+            for group in optimizer.param_groups]
 
 
 def check_loadable(value: Any, where: str) -> None:
@@ -80,80 +98,6 @@ def _numpy_hint(value: Any) -> str:
     if type(value).__module__ != "numpy":
         return ""
     return " (convert it with torch.from_numpy, or .item() for a scalar)"
-
-
-def restore(state: MutableMapping[str, Any] | Mapping[str, Any], saved: Mapping[str, Any],
-            strict: bool) -> list[str]:
-    """Load saved values into the live objects of ``state``; returns the names restored."""
-    import torch
-
-    missing = [name for name in state if name not in saved]
-    if missing and strict:
-        raise CheckpointError(f"the checkpoint has no {', '.join(map(repr, missing))} (it "
-                              f"holds {', '.join(map(repr, saved)) or 'nothing'}); pass "
-                              "strict=False to restore the rest")
-    for name, obj in state.items():  # every check first: a mismatch changes nothing
-        if name in saved:
-            _check_compatible(name, obj, saved[name], strict)
-    restored = []
-    for name, obj in state.items():
-        if name not in saved:
-            continue
-        kind, value = kind_of(obj), saved[name]
-        if kind == STATEFUL:
-            try:
-                _load_state_dict(obj, value, strict)
-            except (RuntimeError, ValueError, KeyError, TypeError) as error:
-                raise CheckpointError(f"cannot restore {name!r}: {one_line(error)}") from error
-        elif kind == TENSOR:
-            with torch.no_grad():
-                obj.copy_(value)
-        elif kind == GENERATOR:
-            obj.set_state(value)
-        elif isinstance(state, MutableMapping):
-            state[name] = value
-        else:
-            raise CheckpointError(f"cannot put the plain value {name!r} back into a read-only "
-                                  "mapping: pass a dict")
-        restored.append(name)
-    return restored
-
-
-def _check_compatible(name: str, obj: Any, value: Any, strict: bool) -> None:
-    """Refuse, before anything changes, a saved value that cannot go into ``obj``."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        if not isinstance(value, torch.Tensor) or value.shape != obj.shape:
-            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise CheckpointError(f"cannot restore {name!r}: the checkpoint holds {shape}, "
-                                  f"the live tensor is {tuple(obj.shape)}")
-        return
-    if not isinstance(obj, torch.nn.Module):
-        return
-    if not isinstance(value, Mapping):
-        raise CheckpointError(f"cannot restore {name!r}: the checkpoint holds no module state")
-    live = obj.state_dict()
-    wrong = [key for key, tensor in value.items() if key in live
-             and getattr(tensor, "shape", None) != live[key].shape]
-    missing, unexpected = sorted(set(live) - set(value)), sorted(set(value) - set(live))
-    problems = [f"shapes differ for {', '.join(wrong)}"] if wrong else []
-    if strict and missing:
-        problems.append(f"missing {', '.join(missing)}")
-    if strict and unexpected:
-        problems.append(f"unexpected {', '.join(unexpected)}")
-    if problems:
-        hint = " (strict=False skips missing and unexpected keys)" if not wrong else ""
-        raise CheckpointError(f"cannot restore {name!r}: {'; '.join(problems)}{hint}")
-
-
-def _load_state_dict(obj: Any, value: Any, strict: bool) -> None:
-    import torch
-
-    if isinstance(obj, torch.nn.Module):
-        obj.load_state_dict(value, strict=strict)
-    else:
-        obj.load_state_dict(value)
 
 
 class HostBuffers:
