@@ -179,5 +179,6 @@ def take_snapshot(with_processes: bool = False) -> Snapshot:
         host=probe_host(limits),
         disks=probe_disks(platform),
         gpus=gpus,
-        software=probe_software(nvml_usable=gpus.unavailable_reason is None),
+        software=probe_software(
+            nvml_gpus=None if gpus.unavailable_reason is not None else len(gpus.devices)),
     )

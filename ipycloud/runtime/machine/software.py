@@ -1,20 +1,24 @@
 """Deep-learning software in this environment: torch, CUDA runtime, cuDNN, XLA/TPU, MPS.
 
-torch is imported only when it is installed, and CUDA is never initialised: GPU
-availability comes from torch's NVML-based device count, so a fork-based multi-GPU launch
-still works afterwards. torch_xla is found, never imported (importing it claims the TPU).
+A torch that is not imported yet is read from its files (see ``torch_files``), not
+imported: that takes 1-2 s. CUDA is never initialised: GPU availability comes from NVML
+(torch's own device count uses it too), so a fork-based multi-GPU launch still works
+afterwards. torch_xla is found, never imported (importing it claims the TPU).
 """
 
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import platform
 import sys
 from dataclasses import asdict, dataclass
+from types import ModuleType
 from typing import Any
 
 from ipycloud.runtime._optional import is_available
+from ipycloud.runtime.machine.torch_files import cudnn_version, read_torch_build
 
 # Variables that TPU VMs, Colab and Kaggle TPU runtimes set.
 TPU_ENVIRONMENT_VARIABLES = (
@@ -38,7 +42,7 @@ class TorchInfo:
     cuda_runtime: str | None  # CUDA version torch was built with (torch.version.cuda)
     cudnn: str | None  # cuDNN version torch loads, e.g. "9.1.0"
     cuda_available: bool | None  # torch sees a GPU (NVML-based, no CUDA context)
-    cuda_initialized: bool | None  # whether this process has already created a CUDA context
+    cuda_initialized: bool | None  # whether torch has created a CUDA context in this process
     mps_available: bool | None  # Apple-silicon GPU through Metal
 
 
@@ -91,18 +95,32 @@ def _cudnn_text(code: int | None) -> str | None:
     return f"{major}.{minor}.{patch}"
 
 
-def probe_torch(nvml_usable: bool) -> TorchInfo:
-    """Probe torch without initialising CUDA; ``nvml_usable`` says whether NVML answered.
+def probe_torch(nvml_gpus: int | None) -> TorchInfo:
+    """Probe torch without initialising CUDA; ``nvml_gpus`` is how many GPUs NVML shows this
+    process (CUDA_VISIBLE_DEVICES applied), None when NVML did not answer.
 
-    torch's device count goes through NVML while CUDA is uninitialised; without NVML it
-    would fall back to cuInit, so then CUDA counts as unavailable without asking.
+    An imported torch is asked. Otherwise its files tell (and CUDA is available when torch
+    was built for CUDA and NVML shows a GPU, as torch's NVML-based device count would say);
+    torch is imported only where they cannot: no readable ``version.py``, a CUDA build
+    without pip's cuDNN, or macOS, where only torch can tell whether MPS works. Without
+    NVML, torch's device count would fall back to cuInit, so CUDA then counts as unavailable.
     """
-    if not is_available("torch"):
-        return TorchInfo(None, None, None, None, None, None)
-    import torch
+    torch = sys.modules.get("torch")
+    if torch is None:
+        if not is_available("torch"):
+            return TorchInfo(None, None, None, None, None, None)
+        from_files = _torch_from_files(nvml_gpus)
+        if from_files is not None:
+            return from_files
+        torch = importlib.import_module("torch")
+    return _torch_from_module(torch, nvml_gpus)
 
+
+def _torch_from_module(torch: ModuleType, nvml_gpus: int | None) -> TorchInfo:
+    """What an imported torch says of itself."""
     cuda_built = torch.version.cuda is not None
-    cuda_available = bool(cuda_built and nvml_usable and torch.cuda.device_count() > 0)
+    cuda_available = bool(cuda_built and nvml_gpus is not None
+                          and torch.cuda.device_count() > 0)
     cudnn = torch.backends.cudnn.version() if cuda_built else None
     mps = getattr(torch.backends, "mps", None)
     return TorchInfo(
@@ -112,6 +130,26 @@ def probe_torch(nvml_usable: bool) -> TorchInfo:
         cuda_available=cuda_available,
         cuda_initialized=torch.cuda.is_initialized(),
         mps_available=bool(mps is not None and mps.is_available()),
+    )
+
+
+def _torch_from_files(nvml_gpus: int | None) -> TorchInfo | None:
+    """What an installed, not imported torch is, from its files; None where they cannot tell."""
+    if sys.platform == "darwin":
+        return None
+    build = read_torch_build()
+    if build is None:
+        return None
+    cudnn = None if build.cuda is None else cudnn_version()
+    if build.cuda is not None and cudnn is None:
+        return None
+    return TorchInfo(
+        version=build.version,
+        cuda_runtime=build.cuda,
+        cudnn=cudnn,
+        cuda_available=build.cuda is not None and bool(nvml_gpus),
+        cuda_initialized=False,  # not imported: no CUDA context of torch's
+        mps_available=False,  # Apple's GPUs only
     )
 
 
@@ -127,11 +165,11 @@ def probe_xla(environ: dict[str, str] | None = None) -> XlaInfo:
     )
 
 
-def probe_software(nvml_usable: bool) -> SoftwareInfo:
-    """Python, OS, torch and XLA, as one record."""
+def probe_software(nvml_gpus: int | None) -> SoftwareInfo:
+    """Python, OS, torch and XLA, as one record (``nvml_gpus``: see ``probe_torch``)."""
     return SoftwareInfo(
         python=sys.version.split()[0],
         os=platform.platform(terse=True),
-        torch=probe_torch(nvml_usable),
+        torch=probe_torch(nvml_gpus),
         xla=probe_xla(),
     )
