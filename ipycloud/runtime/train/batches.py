@@ -48,12 +48,16 @@ def labels_of(batch: Any, targets: Any) -> Any:
 def shifts_labels(model: Any) -> bool:
     """Whether the model predicts label ``t + 1`` at position ``t`` (a causal language model).
 
-    Read from the ``loss_type`` Hugging Face models declare ("ForCausalLM"), which a model
-    of one's own may set too; encoder-decoder models see their labels unshifted.
+    Read from what Hugging Face models declare: ``loss_type == "ForCausalLM"``, or the
+    causal-LM loss as their ``loss_function`` (a model of one's own may set either);
+    encoder-decoder models see their labels unshifted.
     """
-    config = getattr(model, "config", None)
-    return (getattr(model, "loss_type", None) == "ForCausalLM"
-            and not getattr(config, "is_encoder_decoder", False))
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    if getattr(model, "loss_type", None) == "ForCausalLM":
+        return True
+    loss_function = getattr(model, "loss_function", None)
+    return getattr(loss_function, "__name__", None) == "ForCausalLMLoss"
 
 
 def items_in(batch: Any, targets: Any, *, shifted: bool, counts_labels: bool) -> Any:
