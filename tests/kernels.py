@@ -1,10 +1,16 @@
-"""Run notebooks in a real Jupyter kernel (nbclient) and read what their cells produced."""
+"""Real Jupyter kernels for tests: whole notebooks through nbclient, or one kernel driven
+cell by cell through jupyter_client."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import nbformat
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 
@@ -22,3 +28,38 @@ def outputs(cell: nbformat.NotebookNode) -> dict[str, object]:
         if output.output_type == "stream":
             merged[output.name] = merged.get(output.name, "") + output.text
     return merged
+
+
+@contextmanager
+def kernel(cwd: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
+    """A real ipykernel in its own process, shut down (if still alive) afterwards."""
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(cwd))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield manager, client
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
+        manager.cleanup_resources()
+
+
+def run(client: BlockingKernelClient, code: str) -> str:
+    """Execute ``code``; its text output, or the test fails with the error it raised."""
+    texts: list[str] = []
+
+    def collect(message: dict[str, Any]) -> None:
+        content = message["content"]
+        if message["msg_type"] == "stream":
+            texts.append(content["text"])
+        elif message["msg_type"] in ("execute_result", "display_data"):
+            texts.append(content["data"].get("text/plain", ""))
+        elif message["msg_type"] == "error":
+            texts.append("\n".join(content["traceback"]))
+
+    reply = client.execute_interactive(code, timeout=60, output_hook=collect)
+    assert reply["content"]["status"] == "ok", "".join(texts)
+    return "".join(texts)

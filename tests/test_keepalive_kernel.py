@@ -12,15 +12,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.jsonutil import json_default
-from jupyter_client.manager import KernelManager
 from jupyter_client.session import Session
+from kernels import kernel, run
 from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import CheckpointManager
@@ -34,41 +33,6 @@ optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
 model(torch.randn(8, 4)).sum().backward()
 optimizer.step()
 """
-
-
-@contextmanager
-def kernel(cwd: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
-    """A real ipykernel in its own process, shut down (if still alive) afterwards."""
-    manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=str(cwd))
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        yield manager, client
-    finally:
-        client.stop_channels()
-        if manager.is_alive():
-            manager.shutdown_kernel(now=True)
-        manager.cleanup_resources()
-
-
-def run(client: BlockingKernelClient, code: str) -> str:
-    """Execute ``code``; its text output, or the test fails with the error it raised."""
-    texts: list[str] = []
-
-    def collect(message: dict[str, Any]) -> None:
-        content = message["content"]
-        if message["msg_type"] == "stream":
-            texts.append(content["text"])
-        elif message["msg_type"] in ("execute_result", "display_data"):
-            texts.append(content["data"].get("text/plain", ""))
-        elif message["msg_type"] == "error":
-            texts.append("\n".join(content["traceback"]))
-
-    reply = client.execute_interactive(code, timeout=60, output_hook=collect)
-    assert reply["content"]["status"] == "ok", "".join(texts)
-    return "".join(texts)
 
 
 def test_sigterm_saves_a_complete_checkpoint_then_the_kernel_ends(tmp_path: Path) -> None:
