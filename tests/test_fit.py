@@ -16,8 +16,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager, auto
-from ipycloud.runtime.train.data import loader
 from ipycloud.runtime.train.batches import to_device
+from ipycloud.runtime.train.data import loader
 from ipycloud.runtime.train.loop import NonFiniteLossError, fit
 
 
@@ -133,7 +133,7 @@ def test_a_nan_loss_stops_the_run_naming_the_steps_and_spares_the_checkpoints(
             precision="fp32", device="cpu", progress=False, checkpoint=tmp_path,
             checkpoint_every=4)
     manager = CheckpointManager(tmp_path)
-    assert [info.step for info in manager.list()] == [4, 8]  # read at step 10: nothing after the NaN saved
+    assert [info.step for info in manager.list()] == [4, 8]  # NaN read at 10: nothing saved
     restored = mlp()
     manager.load({"model": restored}, strict=False)
     assert all(torch.isfinite(p).all() for p in restored.parameters())
