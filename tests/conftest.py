@@ -31,10 +31,15 @@ def fresh_process_state() -> Iterator[None]:
 
 @pytest.fixture
 def shell() -> Iterator[InteractiveShell]:
-    """A fresh real IPython shell with ipycloud loaded and history kept in memory."""
+    """A fresh real IPython shell with ipycloud loaded and history kept in memory.
+
+    Usage recording is off, so no sampler runs unless the test starts one (the tests of
+    recording itself make their own shell).
+    """
     InteractiveShell.clear_instance()
     config = Config()
     config.HistoryManager.hist_file = ":memory:"
+    config.UsageRecording.enabled = False
     ip = InteractiveShell.instance(config=config)
     ip.run_line_magic("load_ext", "ipycloud")
     yield ip

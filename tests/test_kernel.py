@@ -12,18 +12,29 @@ from kernels import execute, outputs
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_gpuinfo_in_a_kernel(tmp_path: Path) -> None:
+def notebook_of(*sources: str) -> nbformat.NotebookNode:
+    """A notebook of code cells; a cell starting with ``# raises`` may raise."""
     notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source) for source in (
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    for cell in notebook.cells:
+        if cell.source.startswith("# raises"):
+            cell.metadata["tags"] = ["raises-exception"]
+    return notebook
+
+
+def test_gpuinfo_in_a_kernel(tmp_path: Path) -> None:
+    notebook = notebook_of(
         "%load_ext ipycloud",
-        "import sys; print(sorted({'torch', 'pynvml', 'ipywidgets'} & set(sys.modules)))",
+        # pynvml is left out: the usage sampler's thread imports it for its first reading
+        "import sys; print(sorted({'torch', 'ipywidgets'} & set(sys.modules)))",
         "%gpuinfo",
         "%gpuinfo --json",
-        "%gpuinfo --bogus",
-    )]
-    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+        "# raises\n%gpuinfo --bogus",
+        "print('torch' in sys.modules)",
+    )
     cells = execute(notebook, tmp_path).cells
     assert outputs(cells[1])["stdout"].strip() == "[]"
+    assert outputs(cells[5])["stdout"].strip() == "False"  # torch is read, not imported
     report = outputs(cells[2])
     assert "<table" in report["text/html"] and "No NVIDIA GPU" in report["text/html"]
     assert report["text/plain"].startswith("Platform")
@@ -34,6 +45,45 @@ def test_gpuinfo_in_a_kernel(tmp_path: Path) -> None:
     assert error.output_type == "stream" and error.name == "stderr"
     assert error.text == ("UsageError: %gpuinfo: unrecognized arguments: --bogus "
                           "(see %gpuinfo? for usage)\n")
+
+
+WAIT_FOR_TWO_SAMPLES = """import time
+from ipycloud.runtime.monitor.usage import shared_tracker
+deadline = time.monotonic() + 60
+while shared_tracker().samples < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)"""
+
+
+def test_usage_is_recorded_from_load_ext_on(tmp_path: Path) -> None:
+    notebook = notebook_of(
+        "%load_ext ipycloud",
+        WAIT_FOR_TWO_SAMPLES,
+        "import ipycloud\nreport = ipycloud.usage_report()\n"
+        "print(report.samples >= 2, report.duration_s >= 1)",
+        "%dashboard report",
+    )
+    cells = execute(notebook, tmp_path).cells
+    assert outputs(cells[2])["stdout"].strip() == "True True"
+    assert "GPU-hours" in str(outputs(cells[3])["text/plain"])
+
+
+def test_usage_recording_turned_off_in_the_kernel_config(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text("c.UsageRecording.enabled = False\n")
+    monkeypatch.setenv("IPYTHONDIR", str(profile.parent))
+    notebook = notebook_of(
+        "%load_ext ipycloud",
+        "import threading, time\ntime.sleep(1.5)  # more than a sampler's interval\n"
+        "print([thread.name for thread in threading.enumerate()\n"
+        "       if thread.name.startswith('ipycloud')])",
+        "# raises\n%dashboard report",
+    )
+    cells = execute(notebook, tmp_path).cells
+    assert outputs(cells[1])["stdout"].strip() == "[]"
+    (error,) = cells[2].outputs
+    assert error.text.startswith("UsageError: %dashboard report: no samples recorded yet")
 
 
 # What each tutorial must print, so a notebook that runs but shows nothing useful fails.

@@ -20,7 +20,7 @@ import pytest
 from cgroup_files import make_v1, make_v2, write
 from waiting import wait_for
 
-from ipycloud.runtime.monitor import sampler as sampler_module
+from ipycloud.runtime.monitor import probe as probe_module
 from ipycloud.runtime.monitor.probe import Probe, take_sample
 from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import GpuSample, Sample
@@ -388,7 +388,7 @@ def test_sample_now_does_not_advance_the_default_probe(monkeypatch) -> None:
         advanced.append(advance_cpu)
         return counting()
 
-    monkeypatch.setattr(sampler_module, "take_sample", take_sample)
+    monkeypatch.setattr(probe_module, "take_sample", take_sample)  # the sampler's default
     sampler = Sampler(interval=0.005)
     sampler.sample_now()
     subscription = sampler.subscribe(Collector())

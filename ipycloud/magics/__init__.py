@@ -9,11 +9,14 @@ from ipycloud.magics.dashboard import DashboardMagics
 from ipycloud.magics.gpuinfo import GpuInfoMagics
 from ipycloud.magics.keepalive import KeepaliveMagics
 from ipycloud.magics.storage import StorageMagics
+from ipycloud.magics.usage import UsageRecording
 
 MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, KeepaliveMagics)
 
 
 def register_all(ipython: InteractiveShell) -> None:
-    """Register every ipycloud magics class on ``ipython``."""
+    """Register every ipycloud magics class on ``ipython`` and start recording usage (unless
+    ``UsageRecording.enabled`` is False)."""
     for magics in MAGICS:
         ipython.register_magics(magics)
+    UsageRecording(ipython)

@@ -4,7 +4,9 @@ Every consumer (dashboards, the usage report, per-cell records) subscribes to th
 ``shared_sampler()`` of the process, with the interval it needs; the thread samples at the
 shortest interval asked for, keeps a bounded history and hands each subscriber the samples
 due at its own interval. A subscriber that raises is removed and reported; nothing kills the thread.
-The default probe is ``ipycloud.runtime.monitor.probe.take_sample()``.
+The default probe is ``ipycloud.runtime.monitor.probe.take_sample()``, imported on first use:
+its imports (psutil, NVML, cgroups) then run on the sampler's thread, so starting the
+sampler costs its caller next to nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from collections.abc import Callable
 from functools import partial
 
 from ipycloud.runtime.messages import describe_error
-from ipycloud.runtime.monitor.probe import take_sample
 from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.units import format_duration
@@ -58,6 +59,13 @@ def check_view_pace(interval: float, history: float) -> None:
     if not (math.isfinite(history) and interval < history <= VIEW_MAX_HISTORY_S):
         raise ValueError(f"the history must be longer than the interval ({interval:g} s) and "
                          f"at most {format_duration(VIEW_MAX_HISTORY_S)}, not {history:g} s")
+
+
+def _default_probe(advance_cpu: bool = True) -> Sample:
+    """``take_sample()``, imported by its first call."""
+    from ipycloud.runtime.monitor.probe import take_sample
+
+    return take_sample(advance_cpu)
 
 
 def _check_capacity(capacity: int) -> int:
@@ -104,9 +112,9 @@ class Sampler:
                  probe: Callable[[], Sample] | None = None) -> None:
         self._default_interval = check_interval(interval)
         self.capacity = _check_capacity(capacity)
-        self._probe = probe or take_sample
+        self._probe = probe or _default_probe
         # sample_now() between ticks must not move the CPU baseline of the ticks' probe
-        self._probe_now = probe or partial(take_sample, advance_cpu=False)
+        self._probe_now = probe or partial(_default_probe, advance_cpu=False)
         self._history: deque[Sample] = deque(maxlen=self.capacity)
         self._history_lock = threading.Lock()
         self._subscriptions: tuple[Subscription, ...] = ()

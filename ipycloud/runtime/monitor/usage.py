@@ -18,14 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ipycloud.runtime.machine.platform import detect_platform
-from ipycloud.runtime.monitor.prices import InstancePrice, PriceSource, load_prices
 from ipycloud.runtime.monitor.samples import GpuSample, Sample
-from ipycloud.runtime.monitor.usage_report import GpuUsage, UsageReport, fraction
 from ipycloud.runtime.per_process import per_process
 
 if TYPE_CHECKING:
+    from ipycloud.runtime.monitor.prices import InstancePrice, PriceSource
     from ipycloud.runtime.monitor.sampler import Sampler, Subscription
+    from ipycloud.runtime.monitor.usage_report import GpuUsage, UsageReport
 
 MAX_GAP_S = 60.0
 IDLE_BELOW_PERCENT = 5.0
@@ -180,6 +179,11 @@ def usage_report(samples: Iterable[Sample] | None = None, *, instance: str | Non
 
 def _build(totals: _Totals, count: int, instance: str | None,
            prices: PriceSource | None) -> UsageReport:
+    # Loaded here, not with the tracker: counting samples from %load_ext on needs none of it.
+    from ipycloud.runtime.machine.platform import detect_platform
+    from ipycloud.runtime.monitor.prices import load_prices
+    from ipycloud.runtime.monitor.usage_report import UsageReport
+
     table = load_prices(prices)
     gpus = tuple(_gpu_usage(index, gpu, table.kind_of(gpu.name, gpu.memory_total))
                  for index, gpu in sorted(totals.gpus.items()))
@@ -204,6 +208,8 @@ def _build(totals: _Totals, count: int, instance: str | None,
 
 
 def _gpu_usage(index: int, gpu: _GpuTotals, kind: str | None) -> GpuUsage:
+    from ipycloud.runtime.monitor.usage_report import GpuUsage, fraction
+
     known = gpu.utilization.weight if gpu.utilization.peak is not None else None
     memory_average, memory_peak = _whole(gpu.memory.average), _whole(gpu.memory.peak)
     return GpuUsage(
