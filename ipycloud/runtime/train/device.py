@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -81,3 +82,23 @@ def _visible_gpus() -> tuple[GpuInfo, ...]:
     from ipycloud.runtime.machine import nvml
 
     return nvml.snapshot(with_processes=False).devices
+
+
+def move_to_device(model: Any, optimizer: Any, device: Any) -> Any:
+    """Move ``model`` to ``device`` and point ``optimizer`` at the moved parameters.
+
+    Moving to an XLA device makes new Parameter objects (CUDA and MPS keep the same ones),
+    and an optimizer left holding the old ones would train a copy nobody uses.
+    """
+    before = list(model.parameters())
+    model = model.to(device)
+    moved = {id(old): new for old, new in zip(before, model.parameters(), strict=True)
+             if old is not new}
+    if moved:
+        for group in optimizer.param_groups:
+            group["params"] = [moved.get(id(param), param) for param in group["params"]]
+        optimizer.state = defaultdict(dict, {
+            moved.get(id(param), param): {key: value.to(device) if hasattr(value, "to")
+                                          else value for key, value in state.items()}
+            for param, state in optimizer.state.items()})
+    return model

@@ -10,9 +10,7 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,15 +19,21 @@ from ipycloud.runtime._optional import require
 from ipycloud.runtime.checkpoint import auto
 from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
+from ipycloud.runtime.train.arguments import (
+    check_arguments,
+    checkpoint_manager,
+    checkpoint_seconds,
+)
 from ipycloud.runtime.train.callbacks import Callbacks, early_stopping
 from ipycloud.runtime.train.data import EpochData
-from ipycloud.runtime.train.device import DeviceChoice, choose_device
+from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
 from ipycloud.runtime.train.history import History
 from ipycloud.runtime.train.interrupt import DeferredInterrupt
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.validation import check_metrics, validate
+from ipycloud.runtime.train.xla import OnCpu
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 MAX_SKIPPED_FP16_STEPS = 25
@@ -97,15 +101,15 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     the data, and only rank 0 writes checkpoints and shows progress.
     """
     torch = require("torch", "torch")
-    _check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
-    manager = _manager(checkpoint)
+    check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
+    manager = checkpoint_manager(checkpoint)
     resuming.check_resume(resume, manager is not None)
     choice = choose_device(device)
     plan = _Plan(
         choice=choice, precision=resolve_precision(precision, choice.device, choice.kind),
         epochs=epochs if epochs is not None or max_steps is not None else 1,
         max_steps=max_steps, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
-        checkpoint_every_s=_seconds(checkpoint_every), log_every=log_every,
+        checkpoint_every_s=checkpoint_seconds(checkpoint_every), log_every=log_every,
         checkpoint_every_steps=checkpoint_every if isinstance(checkpoint_every, int) else None,
         metrics=check_metrics(metrics))
     stopping = early_stopping(early_stop)
@@ -124,7 +128,7 @@ class _Trainer:
 
         self.plan, self.callbacks, self.seed = plan, callbacks, seed
         self.device = plan.choice.device
-        self.raw_model = _move(model, optimizer, self.device)
+        self.raw_model = move_to_device(model, optimizer, self.device)
         self.dist = distributed.distributed_info()
         self.main = distributed.is_main_process()
         self.model = distributed.wrap_for_distributed(self.raw_model, self.device)
@@ -415,8 +419,8 @@ class _Trainer:
         return self.step, self.data.epoch
 
     def _state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"model": _OnCpu(self.raw_model) if self.xla else self.raw_model,
-                                 "optimizer": _OnCpu(self.optimizer) if self.xla
+        state: dict[str, Any] = {"model": OnCpu(self.raw_model) if self.xla else self.raw_model,
+                                 "optimizer": OnCpu(self.optimizer) if self.xla
                                  else self.optimizer, "history": self.history.to_state()}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler
@@ -507,21 +511,6 @@ class _Trainer:
                 "again)")
 
 
-class _OnCpu:
-    """A live object whose state_dict is moved to the CPU: XLA tensors cannot be saved."""
-
-    def __init__(self, obj: Any) -> None:
-        self._obj = obj
-
-    def state_dict(self) -> Any:
-        from ipycloud.runtime.train import xla
-
-        return xla.to_cpu(self._obj.state_dict())
-
-    def load_state_dict(self, state: Any) -> Any:
-        return self._obj.load_state_dict(state)
-
-
 def _groups(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
     """Consecutive lists of ``size`` batches; the last may be shorter."""
     group: list[Any] = []
@@ -532,76 +521,6 @@ def _groups(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
             group = []
     if group:
         yield group
-
-
-def _move(model: Any, optimizer: Any, device: Any) -> Any:
-    """Move ``model`` to ``device`` and point ``optimizer`` at the moved parameters.
-
-    Moving to an XLA device makes new Parameter objects (CUDA and MPS keep the same ones),
-    and an optimizer left holding the old ones would train a copy nobody uses.
-    """
-    before = list(model.parameters())
-    model = model.to(device)
-    moved = {id(old): new for old, new in zip(before, model.parameters(), strict=True)
-             if old is not new}
-    if moved:
-        for group in optimizer.param_groups:
-            group["params"] = [moved.get(id(param), param) for param in group["params"]]
-        optimizer.state = defaultdict(dict, {
-            moved.get(id(param), param): {key: value.to(device) if hasattr(value, "to")
-                                          else value for key, value in state.items()}
-            for param, state in optimizer.state.items()})
-    return model
-
-
-def _check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
-                     max_steps: Any, grad_accum: Any, log_every: Any) -> None:
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
-                        f"{type(optimizer).__name__}")
-    if not isinstance(train_data, Iterable) or isinstance(train_data, str | bytes):
-        raise TypeError(f"train_data must be a DataLoader or an iterable of batches, not "
-                        f"{type(train_data).__name__}")
-    if epochs is not None and max_steps is not None:
-        raise ValueError("give epochs or max_steps, not both")
-    for name, value in (("epochs", epochs), ("max_steps", max_steps), ("grad_accum", grad_accum),
-                        ("log_every", log_every)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            raise ValueError(f"{name} must be a positive integer, not {value!r}")
-    mine = {id(parameter) for parameter in model.parameters()}
-    if not any(id(parameter) in mine for group in optimizer.param_groups
-               for parameter in group["params"]):
-        raise ValueError("the optimizer holds none of the model's parameters: build it from "
-                         "this model, e.g. torch.optim.AdamW(model.parameters())")
-
-
-def _seconds(every: str | int) -> float | None:
-    from ipycloud.runtime.units import parse_duration
-
-    if isinstance(every, bool):
-        raise ValueError(f"checkpoint_every must be a duration like '10m' or a step count, "
-                         f"not {every!r}")
-    if isinstance(every, int):
-        if every < 1:
-            raise ValueError(f"checkpoint_every must be at least 1 step, not {every}")
-        return None
-    return parse_duration(every)
-
-
-def _manager(checkpoint: Any) -> Any:
-    from ipycloud.runtime.checkpoint import CheckpointManager, manager_for
-
-    if checkpoint is None or isinstance(checkpoint, CheckpointManager):
-        return checkpoint
-    if isinstance(checkpoint, str | os.PathLike):
-        return manager_for(checkpoint)
-    raise TypeError("checkpoint must be a folder or a CheckpointManager, not "
-                    f"{type(checkpoint).__name__}")
 
 
 def _steps_on_metric(scheduler: Any) -> bool:

@@ -164,3 +164,16 @@ def to_cpu(tree: Any) -> Any:
         return tensor.detach().to("cpu", copy=True)
 
     return map_tensors(tree, copy)
+
+
+class OnCpu:
+    """A live object whose state_dict is moved to the CPU: XLA tensors cannot be saved."""
+
+    def __init__(self, obj: Any) -> None:
+        self._obj = obj
+
+    def state_dict(self) -> Any:
+        return to_cpu(self._obj.state_dict())
+
+    def load_state_dict(self, state: Any) -> Any:
+        return self._obj.load_state_dict(state)

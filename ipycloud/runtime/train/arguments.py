@@ -1,0 +1,57 @@
+"""Checks of ``fit``'s arguments, each failing with a one-line error that names the fix."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+
+def check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
+                    max_steps: Any, grad_accum: Any, log_every: Any) -> None:
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
+                        f"{type(optimizer).__name__}")
+    if not isinstance(train_data, Iterable) or isinstance(train_data, str | bytes):
+        raise TypeError(f"train_data must be a DataLoader or an iterable of batches, not "
+                        f"{type(train_data).__name__}")
+    if epochs is not None and max_steps is not None:
+        raise ValueError("give epochs or max_steps, not both")
+    for name, value in (("epochs", epochs), ("max_steps", max_steps), ("grad_accum", grad_accum),
+                        ("log_every", log_every)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    mine = {id(parameter) for parameter in model.parameters()}
+    if not any(id(parameter) in mine for group in optimizer.param_groups
+               for parameter in group["params"]):
+        raise ValueError("the optimizer holds none of the model's parameters: build it from "
+                         "this model, e.g. torch.optim.AdamW(model.parameters())")
+
+
+def checkpoint_seconds(every: str | int) -> float | None:
+    from ipycloud.runtime.units import parse_duration
+
+    if isinstance(every, bool):
+        raise ValueError(f"checkpoint_every must be a duration like '10m' or a step count, "
+                         f"not {every!r}")
+    if isinstance(every, int):
+        if every < 1:
+            raise ValueError(f"checkpoint_every must be at least 1 step, not {every}")
+        return None
+    return parse_duration(every)
+
+
+def checkpoint_manager(checkpoint: Any) -> Any:
+    from ipycloud.runtime.checkpoint import CheckpointManager, manager_for
+
+    if checkpoint is None or isinstance(checkpoint, CheckpointManager):
+        return checkpoint
+    if isinstance(checkpoint, str | os.PathLike):
+        return manager_for(checkpoint)
+    raise TypeError("checkpoint must be a folder or a CheckpointManager, not "
+                    f"{type(checkpoint).__name__}")
