@@ -154,7 +154,9 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("save modle", "no variable named 'modle' in the notebook"),
         ("save train_step", "'train_step' is a function without state_dict()"),
         ("save model --step x", "argument --step: invalid int value: 'x'"),
-        ("save model --step -3", "step must be a non-negative integer"),
+        ("save model --step -3", "argument --step: step must be from 0 to 999999999"),
+        ("save model --step 1000000000", "step must be from 0 to 999999999 (checkpoint names "
+                                         "hold nine digits), not 1000000000"),
         ("save model --tag 9lives", "invalid tag '9lives'"),
         ("save model --tag latest", "invalid tag 'latest'"),
         ("save model --unknown", "unrecognized arguments: --unknown"),
@@ -164,7 +166,11 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("list model", "%checkpoint list takes no variable names"),
         ("restore model --dir {tmp}/one --from 7", "no checkpoint of step 7"),
         ("restore model --dir {tmp}/one --from best", "no checkpoint tagged or named 'best'"),
-        ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch'"),
+        ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch' (it holds "
+                                                "'model'); pass --no-strict to restore the rest"),
+        ("restore optimizer --dir {tmp}/one --from model", "no checkpoint tagged or named"),
+        ("auto model --off", "%checkpoint auto --off takes no variable names (got model)"),
+        ("auto --every 5m", "name the variables to save"),
         ("auto", "name the variables to save"),
         ("auto model --every soon", "'soon' is not a duration"),
         ("auto model --every -5m", "%checkpoint: argument --every: '-5m' is not a duration"),
@@ -197,3 +203,72 @@ def test_keep_last_defaults_to_the_runtimes_and_is_configurable(notebook, tmp_pa
     for step in (1, 2):
         notebook.run_line_magic("checkpoint", f"save model --step {step} --dir {tmp_path / 'k'}")
     assert [info.step for info in manager_for(tmp_path / "k").list()] == [2]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("list --step 5", "--step does not apply to list"),
+        ("list --tag x", "--tag does not apply to list"),
+        ("list --no-strict", "--no-strict does not apply to list"),
+        ("save model --from 3", "--from does not apply to save"),
+        ("save model --every 5m", "--every does not apply to save"),
+        ("save model --no-strict", "--no-strict does not apply to save"),
+        ("restore model --async", "--async does not apply to restore"),
+        ("restore model --step 2", "--step does not apply to restore"),
+        ("auto model --tag x", "--tag does not apply to auto"),
+        ("auto --off --every 5m", "--every does not apply to auto --off"),
+        ("auto --off --dir {tmp}", "--dir does not apply to auto --off"),
+    ],
+)
+def test_options_that_do_not_apply_to_the_action_are_refused(notebook, tmp_path: Path, line,
+                                                             message) -> None:
+    notebook.run_line_magic("checkpoint", f"save model --dir {tmp_path / 'one'}")
+    registered = auto.registered()
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", line.format(tmp=tmp_path))
+    assert str(caught.value) == f"%checkpoint: {message} (see %checkpoint? for usage)"
+    assert [info.step for info in CheckpointManager(tmp_path / "one").list()] == [0]
+    assert auto.registered() is registered  # nothing was done
+
+
+def test_no_strict_restores_what_the_checkpoint_holds(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    notebook.run_line_magic("checkpoint", f"save model --dir {folder}")
+    saved = weights(notebook)
+    notebook.run_cell("train_step(); epoch = 9")
+    notice = notebook.run_line_magic("checkpoint", f"restore model epoch --dir {folder} "
+                                                   "--no-strict")
+    assert str(notice).startswith("restored model from checkpoint step-000000000")
+    assert str(notice).endswith("; not in it, left as they were: epoch")
+    assert all(torch.equal(a, b) for a, b in zip(weights(notebook), saved, strict=True))
+    assert notebook.user_ns["epoch"] == 9
+
+
+def test_a_module_of_other_keys_names_the_magic_option(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    notebook.run_cell("head = torch.nn.Linear(4, 8)")
+    notebook.run_line_magic("checkpoint", f"save head --dir {folder}")
+    notebook.run_cell("head = torch.nn.Sequential(torch.nn.Linear(4, 8))")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"restore head --dir {folder}")
+    text = str(caught.value)
+    assert "(--no-strict skips missing and unexpected keys)" in text
+    assert "strict=False" not in text
+    notebook.run_line_magic("checkpoint", f"restore head --dir {folder} --no-strict")
+
+
+def test_the_largest_step_a_name_holds_is_saved_and_restored(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    info = notebook.run_line_magic("checkpoint", f"save model --dir {folder} --step 999999999")
+    assert info.name == "step-999999999"
+    notice = notebook.run_line_magic("checkpoint", f"restore model --dir {folder} "
+                                                   "--from 999999999")
+    assert str(notice).startswith("restored model from checkpoint step-999999999")
+
+
+def test_list_needs_no_names_and_takes_the_configured_folder(notebook, tmp_path: Path) -> None:
+    notebook.run_line_magic("config", f"CheckpointMagics.directory = {str(tmp_path)!r}")
+    notebook.run_line_magic("checkpoint", "save model")
+    table = notebook.run_line_magic("checkpoint", "list")
+    assert [info.step for info in table.infos] == [0]

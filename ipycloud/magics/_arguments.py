@@ -1,25 +1,61 @@
-"""Argument parsing shared by the magics: one clear line for every mistake."""
+"""Argument parsing shared by the magics: words split as a POSIX shell splits them, ``-h``
+for help, and one clear line for every mistake.
+
+IPython expands ``$name`` and ``{expression}`` in the line before the magic sees it, so
+``--dir "$folder"`` gives a folder whose name holds spaces as one word.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import functools
+import shlex
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.utils.process import arg_split
 
 from ipycloud.runtime.units import parse_duration
 
+Magic = Callable[..., Any]
 
-def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
-    """Parse a magic's line; a mistake raises UsageError naming the magic and its help."""
+
+def parse_line(magic: Magic, line: str) -> argparse.Namespace:
+    """Parse a magic's line; a mistake raises UsageError naming the magic and its help.
+
+    The line is split like a shell command line: quotes group words and are removed, a
+    backslash escapes the next character. Options are never abbreviated (``--jso`` is not
+    ``--json``) and an empty word (``--dir ""``) is refused.
+    """
     name = magic.__name__
     parser: argparse.ArgumentParser = magic.parser  # type: ignore[attr-defined]
+    parser.allow_abbrev = False  # read by argparse at each parse
     try:
-        return parser.parse_args(_dash_values_attached(parser, arg_split(line, strict=True)))
-    except (UsageError, ValueError) as error:  # ValueError: shlex on an unclosed quote
+        return parser.parse_args(_prepared(parser, _words(line)))
+    except (UsageError, ValueError) as error:
         raise UsageError(f"%{name}: {error} (see %{name}? for usage)") from None
+
+
+def help_option(magic: Magic) -> Magic:
+    """Give a magic ``-h``/``--help``, which prints its help page and runs nothing.
+
+    Goes above ``@magic_arguments()``: it adds the option to the parser built there and to
+    the help page (the docstring), and answers the request the parser raises.
+    """
+    parser: argparse.ArgumentParser = magic.parser  # type: ignore[attr-defined]
+    parser.add_argument("-h", "--help", action=_ShowHelp,
+                        help="show this help page and do nothing else")
+    magic.__doc__ = parser.format_help()
+
+    @functools.wraps(magic)
+    def answering_help(self: Any, line: str = "") -> Any:
+        try:
+            return magic(self, line)
+        except _HelpRequested as request:
+            print(request.page)
+            return None
+
+    return answering_help
 
 
 def duration(text: str) -> float:
@@ -35,36 +71,83 @@ def durations(text: str) -> tuple[float, ...]:
     return tuple(duration(part) for part in text.split(","))
 
 
-def refuse_options(magic: Callable[..., Any], args: argparse.Namespace, allowed: set[str],
+def refuse_options(magic: Magic, args: argparse.Namespace, allowed: set[str],
                    where: str) -> None:
     """UsageError naming the first option given that does not apply to ``where``.
 
-    Every parsed name other than the positional ``action`` and ``operands`` is an option;
-    one left at its default (None or False) counts as not given.
+    ``allowed`` holds the destinations of the options that apply; an option whose value is
+    its default counts as not given.
     """
     name = magic.__name__
-    for option, value in vars(args).items():
-        if option in ("action", "operands") or value in (None, False) or option in allowed:
+    parser: argparse.ArgumentParser = magic.parser  # type: ignore[attr-defined]
+    for action in parser._actions:  # argparse keeps its option table private
+        if (not action.option_strings or action.dest in allowed
+                or getattr(args, action.dest, action.default) == action.default):
             continue
-        flag = "--" + option.replace("_", "-")
+        flag = max(action.option_strings, key=len)
         raise UsageError(f"%{name}: {flag} does not apply to {where} (see %{name}? for usage)")
 
 
-def _dash_values_attached(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
-    """``--every -5m`` as ``--every=-5m``: argparse takes a value that starts with a dash for
-    an option unless it is attached, and would say "expected one argument" instead of what
-    is wrong with the value."""
+class _HelpRequested(Exception):
+    """``-h`` or ``--help`` was given: carries the help page to show instead of running."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__(page)
+        self.page = page
+
+
+class _ShowHelp(argparse.Action):
+    """``-h``/``--help`` for a magic: argparse's own help action would exit the kernel."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        # The page is written for %name? in reStructuredText: drop its literal-block marker.
+        raise _HelpRequested("usage: " + parser.format_help().removeprefix("::").lstrip())
+
+
+def _words(line: str) -> list[str]:
+    """The line split as a POSIX shell splits it; ValueError (one line) when it cannot be."""
+    try:
+        return shlex.split(line)
+    except ValueError as error:
+        if str(error) == "No escaped character":  # shlex's words for a backslash at the end
+            raise ValueError("a backslash at the end of the line escapes nothing") from None
+        raise  # "No closing quotation"
+
+
+def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """The words as argparse should see them, empty ones refused.
+
+    An option's value that starts with a dash is attached (``--every -5m`` as
+    ``--every=-5m``): argparse takes such a value for an option unless it is attached, and
+    would say "expected one argument" instead of what is wrong with the value.
+    """
     options = parser._option_string_actions  # argparse keeps its option table private
-    attached: list[str] = []
-    tokens = iter(argv)
+    prepared: list[str] = []
+    tokens = iter(words)
     for token in tokens:
+        flag, attached, value = token.partition("=")
+        if token == "" or (attached and not value and flag in options):
+            raise ValueError(_empty(flag if attached else None))
         action = options.get(token)
         takes_value = action is not None and action.nargs is None
         following = next(tokens, None) if takes_value else None
         if following is None:
-            attached.append(token)
+            prepared.append(token)
+        elif following == "":
+            raise ValueError(_empty(token))
         elif following.startswith("-") and following not in options:
-            attached.append(f"{token}={following}")
+            prepared.append(f"{token}={following}")
         else:
-            attached += [token, following]
-    return attached
+            prepared += [token, following]
+    return prepared
+
+
+def _empty(option: str | None) -> str:
+    if option is None:
+        return "empty argument (\"\" or ''): give a word or leave it out"
+    return f"argument {option}: empty value: give one or leave {option} out"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,17 +11,40 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Int, Unicode, default
 
-from ipycloud.magics._arguments import duration, parse_line
+from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
-    import argparse
-
     from IPython.core.interactiveshell import InteractiveShell
 
     from ipycloud.runtime.checkpoint import CheckpointManager
 
 ACTIONS = ("save", "restore", "list", "auto")
+# The options each use of the magic takes; any other option given is refused.
+OPTIONS = {
+    "save": {"folder", "step", "tag", "background"},
+    "restore": {"folder", "which", "strict"},
+    "list": {"folder"},
+    "auto": {"folder", "every"},
+    "auto --off": {"off"},
+}
+AUTO_EVERY = "10m"
+# Checkpoint names hold the step in nine digits (step-000001200), so names sort by step.
+MAX_STEP = 10**9 - 1
+# The runtime's words for its parameters, and this magic's for the same choice.
+SPELLINGS = {"strict=False": "--no-strict"}
+
+
+def step_number(text: str) -> int:
+    """An argparse type: a step number from 0 to MAX_STEP."""
+    try:
+        step = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 0 <= step <= MAX_STEP:
+        raise argparse.ArgumentTypeError(
+            f"step must be from 0 to {MAX_STEP} (checkpoint names hold nine digits), not {step}")
+    return step
 
 
 @magics_class
@@ -43,19 +67,24 @@ class CheckpointMagics(Magics):
         super().__init__(shell=shell, **kwargs)
         self._hook_registered = False
 
+    @help_option
     @magic_arguments()
     @argument("action", choices=ACTIONS, help="what to do")
     @argument("names", nargs="*", help="notebook variables: model, optimizer, scheduler, ...")
     @argument("--dir", dest="folder", help="checkpoint folder (default: see %%config "
               "CheckpointMagics.directory)")
-    @argument("--step", type=int, help="step number to record (save; default: the next one)")
+    @argument("--step", type=step_number,
+              help="step number to record (save; default: the next one)")
     @argument("--tag", help="a name to keep this checkpoint by; tagged ones are never rotated")
     @argument("--async", dest="background", action="store_true",
               help="copy the state and write it in the background (save)")
-    @argument("--from", dest="which", default="latest",
+    @argument("--from", dest="which",
               help="latest (default), a step number, or a tag (restore)")
-    @argument("--every", type=duration, default="10m",
-              help="how often auto saves: 90s, 10m, 1h (auto)")
+    @argument("--no-strict", dest="strict", action="store_false",
+              help="restore what the checkpoint holds and skip the rest: missing "
+                   "variables, and module keys missing or unexpected (restore)")
+    @argument("--every", type=duration,
+              help=f"how often auto saves: 90s, 10m, 1h (auto; default {AUTO_EVERY})")
     @argument("--off", action="store_true", help="stop automatic checkpoints (auto)")
     @line_magic
     def checkpoint(self, line: str = "") -> Any:
@@ -97,13 +126,19 @@ class CheckpointMagics(Magics):
         """
         args = parse_line(self.checkpoint, line)
         from ipycloud.runtime.checkpoint import CheckpointError
+        from ipycloud.runtime.messages import one_line
 
+        use = "auto --off" if args.action == "auto" and args.off else args.action
+        refuse_options(self.checkpoint, args, OPTIONS[use], use)
         actions = {"save": self._save, "restore": self._restore, "list": self._list,
                    "auto": self._auto}
         try:
             return actions[args.action](args)
-        except (CheckpointError, ValueError) as error:
-            raise UsageError(f"%checkpoint {args.action}: {error}") from None
+        except (CheckpointError, ValueError, ImportError) as error:
+            text = one_line(error)
+            for python, option in SPELLINGS.items():
+                text = text.replace(python, option)
+            raise UsageError(f"%checkpoint {args.action}: {text}") from None
 
     # -- actions -----------------------------------------------------------------------------
 
@@ -120,10 +155,15 @@ class CheckpointMagics(Magics):
     def _restore(self, args: argparse.Namespace) -> Notice:
         state = self._variables(args.names, "restore")
         manager = self._existing_manager(args.folder)
-        which: str | int = int(args.which) if args.which.isdigit() else args.which
-        info = manager.load(state, which)
+        chosen = args.which or "latest"
+        which: str | int = int(chosen) if chosen.isdigit() else chosen
+        info = manager.load(state, which, strict=args.strict)
         self._ipython.user_ns.update(state)  # plain values come back as new objects
-        return Notice(f"restored {', '.join(state)} from {info.summary()}")
+        restored = [name for name in state if name in info.objects]
+        skipped = [name for name in state if name not in info.objects]
+        text = f"restored {', '.join(restored) or 'nothing'} from {info.summary()}"
+        return Notice(text + (f"; not in it, left as they were: {', '.join(skipped)}"
+                              if skipped else ""))
 
     def _list(self, args: argparse.Namespace) -> Any:
         if args.names:
@@ -135,12 +175,15 @@ class CheckpointMagics(Magics):
         from ipycloud.runtime.checkpoint import auto
 
         if args.off:
+            if args.names:
+                raise UsageError("%checkpoint auto --off takes no variable names (got "
+                                 f"{' '.join(args.names)})")
             previous = auto.unregister()
             return Notice("automatic checkpoints stopped" if previous
                           else "no automatic checkpoint was registered")
         if not args.names:
             current = auto.registered()
-            if current is None:
+            if current is None or args.folder or args.every:
                 raise UsageError("%checkpoint auto: name the variables to save, e.g. "
                                  "%checkpoint auto model optimizer --every 10m")
             return current
@@ -149,7 +192,7 @@ class CheckpointMagics(Magics):
         registration = auto.AutoCheckpoint(
             manager=self._manager(args.folder),
             collect=lambda: self._variables(names, "auto"),
-            names=names, every_s=args.every)
+            names=names, every_s=args.every or duration(AUTO_EVERY))
         auto.register(registration)
         if not self._hook_registered:
             self._ipython.events.register("post_run_cell", self._after_cell)
@@ -181,8 +224,10 @@ class CheckpointMagics(Magics):
             print(f"ipycloud: automatic {info.summary()}")
 
     def _variables(self, names: list[str] | tuple[str, ...], action: str) -> dict[str, Any]:
+        from ipycloud.runtime._optional import require
         from ipycloud.runtime.checkpoint.state import kind_of
 
+        require("torch", "torch")
         if not names:
             raise UsageError(f"%checkpoint {action}: name the variables, e.g. "
                              f"%checkpoint {action} model optimizer")

@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import duration, parse_line, refuse_options
+from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ class DashboardMagics(Magics):
         self._dashboards: list[Dashboard] = []
         self._recorder: CellRecorder | None = None
 
+    @help_option
     @magic_arguments()
     @argument("action", nargs="?", choices=ACTIONS,
               help="cells: the per-cell table; report: the usage and cost report; stop: stop "

@@ -9,7 +9,13 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import duration, durations, parse_line, refuse_options
+from ipycloud.magics._arguments import (
+    duration,
+    durations,
+    help_option,
+    parse_line,
+    refuse_options,
+)
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -30,6 +36,7 @@ class KeepaliveMagics(Magics):
         super().__init__(shell=shell, **kwargs)
         self._handle: DisplayHandle | None = None
 
+    @help_option
     @magic_arguments()
     @argument("action", nargs="?", default="status", choices=ACTIONS, help="what to do")
     @argument("--interval", type=duration,

@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import duration, parse_line, refuse_options
+from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ OPTIONS = {
 class StorageMagics(Magics):
     """Storage that outlives the session, and data moved into it safely."""
 
+    @help_option
     @magic_arguments()
     @argument("action", nargs="?", default="auto", choices=ACTIONS, help="what to do")
     @argument("operands", nargs="*",

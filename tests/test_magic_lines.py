@@ -1,0 +1,159 @@
+"""How every magic reads its line: shell quoting, ``-h``, no abbreviations, one-line mistakes."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import nbformat
+import pytest
+from IPython.core.error import UsageError
+from kernels import execute, outputs
+
+from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.guard.guard import session_guard
+
+# A folder name with spaces, both quote characters, a backslash and a dollar sign.
+AWKWARD = """my "best" run's ckpts \\ $HOME"""
+MAGICS = ("checkpoint", "mount_storage", "dashboard", "keepalive", "gpuinfo")
+
+
+@pytest.fixture
+def notebook(shell):
+    shell.run_cell("import torch\nmodel = torch.nn.Linear(3, 2)")
+    return shell
+
+
+def test_quoted_and_escaped_words_reach_the_magic_as_a_shell_gives_them(notebook,
+                                                                        tmp_path: Path) -> None:
+    folder = tmp_path / AWKWARD
+    info = notebook.run_line_magic("checkpoint",
+                                   f"save model --dir {shlex.quote(str(folder))} --tag \"x\"")
+    assert info.directory == folder and info.tag == "x"
+    assert [path.name for path in tmp_path.iterdir()] == [AWKWARD]
+    spaced = tmp_path / "my ckpts"
+    notebook.run_line_magic("checkpoint", f'save model --dir "{spaced}"')
+    notebook.run_line_magic("checkpoint", f"save model --dir {tmp_path}/my\\ ckpts --step 7")
+    assert [info.step for info in CheckpointManager(spaced).list()] == [0, 7]
+    table = notebook.run_line_magic("checkpoint", f"list --dir '{spaced}'")
+    assert str(table).splitlines()[0] == f"2 checkpoint(s) in {spaced}"
+
+
+def test_ipython_expands_variables_before_the_line_is_split(notebook, tmp_path: Path) -> None:
+    notebook.user_ns["folder"] = str(tmp_path / "runs of today")
+    result = notebook.run_cell('%checkpoint save model --dir "$folder"')
+    assert result.success, result.error_in_exec
+    assert [info.step for info in CheckpointManager(tmp_path / "runs of today").list()] == [0]
+    result = notebook.run_cell(
+        "import shlex\n%checkpoint save model --dir {shlex.quote(folder)} --step 3")
+    assert result.success, result.error_in_exec
+    assert [info.step for info in CheckpointManager(tmp_path / "runs of today").list()] == [0, 3]
+
+
+def test_a_sync_between_folders_with_spaces(shell, local_home: Path, tmp_path: Path) -> None:
+    source, target = tmp_path / "my outputs", tmp_path / "kept 'here'"
+    source.mkdir()
+    (source / "a b.txt").write_text("x")
+    report = shell.run_line_magic("mount_storage",
+                                  f"sync {shlex.quote(str(source))} {shlex.quote(str(target))}")
+    assert report.copied == ("a b.txt",)
+    assert (target / "a b.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    ("magic", "line", "message"),
+    [
+        ("checkpoint", 'save model --dir ""', "argument --dir: empty value: give one or leave "
+                                              "--dir out"),
+        ("checkpoint", "save model --dir=", "argument --dir: empty value"),
+        ("checkpoint", "save model --tag ''", "argument --tag: empty value"),
+        ("checkpoint", 'save "" model', "empty argument (\"\" or ''): give a word or leave it "
+                                        "out"),
+        ("mount_storage", 'sync "" {tmp}/dst', "empty argument"),
+        ("mount_storage", 'download http://x/y --dest ""', "argument --dest: empty value"),
+        ("dashboard", "report --csv ''", "argument --csv: empty value"),
+        ("keepalive", 'start --limit ""', "argument --limit: empty value"),
+    ],
+)
+def test_empty_values_are_refused(notebook, tmp_path: Path, magic, line, message) -> None:
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic(magic, line.format(tmp=tmp_path))
+    text = str(caught.value)
+    assert text.startswith(f"%{magic}: {message}") and "\n" not in text
+    assert text.endswith(f" (see %{magic}? for usage)")
+    assert list(tmp_path.iterdir()) == []
+    assert not session_guard().running
+
+
+@pytest.mark.parametrize("magic", MAGICS)
+@pytest.mark.parametrize(("line", "reason"), [
+    ('list --dir "unclosed', "No closing quotation"),
+    ("list --dir 'unclosed", "No closing quotation"),
+    ("list --dir trailing\\", "a backslash at the end of the line escapes nothing"),
+])
+def test_unbalanced_quotes_are_one_line(shell, magic, line, reason) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic(magic, line)
+    assert str(caught.value) == f"%{magic}: {reason} (see %{magic}? for usage)"
+
+
+@pytest.mark.parametrize(("magic", "line"), [
+    ("checkpoint", "save model --dir {tmp}/never -h"),
+    ("checkpoint", "--help"),
+    ("mount_storage", "sync {tmp}/a {tmp}/b --help"),
+    ("dashboard", "-h"),
+    ("keepalive", "start -h"),
+    ("gpuinfo", "--json -h"),
+])
+def test_help_option_prints_the_help_page_and_does_nothing(notebook, tmp_path: Path, capsys,
+                                                           magic, line) -> None:
+    (tmp_path / "a").mkdir()
+    result = notebook.run_line_magic(magic, line.format(tmp=tmp_path))
+    page = capsys.readouterr().out
+    assert result is None
+    assert page.startswith(f"usage: %{magic} ")
+    assert "-h, --help" in page and "Examples" in page
+    help_page = notebook.find_line_magic(magic).__doc__  # what %name? shows
+    assert page.strip() in help_page.replace("::\n\n  ", "usage: ", 1)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a"]  # nothing created
+    assert not session_guard().running
+
+
+@pytest.mark.parametrize(("magic", "line", "abbreviated"), [
+    ("gpuinfo", "--jso", "--jso"),
+    ("checkpoint", "list --di /tmp", "--di /tmp"),
+    ("mount_storage", "sync a b --del", "--del"),
+    ("dashboard", "report --js", "--js"),
+    ("keepalive", "start --int 5m", "--int 5m"),
+])
+def test_abbreviated_options_are_refused(shell, magic, line, abbreviated) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic(magic, line)
+    assert str(caught.value) == (f"%{magic}: unrecognized arguments: {abbreviated} "
+                                 f"(see %{magic}? for usage)")
+    assert not session_guard().running
+
+
+def test_quoting_help_and_mistakes_in_a_real_kernel(tmp_path: Path) -> None:
+    folder = tmp_path / AWKWARD
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in (
+        "%load_ext ipycloud\nimport torch\nmodel = torch.nn.Linear(3, 2)",
+        f"%checkpoint save model --dir {shlex.quote(str(folder))} --tag 'first'",
+        f"folder = {str(tmp_path / 'with spaces')!r}\n"
+        '%checkpoint save model --dir "$folder" --step 5',
+        f"%checkpoint list --dir {shlex.quote(str(folder))}",
+        "%checkpoint restore model -h",
+        "%checkpoint list --step 5",
+    )]
+    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+    cells = execute(notebook, tmp_path).cells
+    assert sorted(path.name for path in tmp_path.iterdir()) == [AWKWARD, "with spaces"]
+    assert CheckpointManager(folder).list()[0].tag == "first"
+    assert [info.step for info in CheckpointManager(tmp_path / "with spaces").list()] == [5]
+    listed = str(outputs(cells[3])["text/plain"])
+    assert listed.splitlines()[0] == f"1 checkpoint(s) in {folder}"
+    assert outputs(cells[4])["stdout"].startswith("usage: %checkpoint ")
+    assert outputs(cells[5]) == {"stderr": "UsageError: %checkpoint: --step does not apply to "
+                                           "list (see %checkpoint? for usage)\n"}
+
