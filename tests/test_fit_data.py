@@ -73,7 +73,7 @@ def test_the_draws_of_a_sample_do_not_depend_on_what_came_before() -> None:
     data = EpochData(DataLoader(Augmented(), batch_size=4, shuffle=True), seed=3)
     data.epoch = 1
     whole = list(data.epoch_batches())
-    data.batches = 5  # as a run resumed at the sixth batch of the epoch sees it
+    data.consumed(5)  # as a run resumed at the sixth batch of the epoch sees it
     rest = list(data.epoch_batches())
     assert len(rest) == len(whole) - 5
     for resumed, original in zip(rest, whole[5:], strict=True):
@@ -148,6 +148,7 @@ def test_the_position_carries_over_to_another_number_of_processes() -> None:
     for data in ranks:  # each rank consumes 3 batches: 24 samples in all
         batches = data.epoch_batches()
         seen += [int(item) for _ in range(3) for item in next(batches)]
+        data.consumed(3)
     alone = EpochData(loader(), seed=2)
     alone.resume(ranks[0].position())
     rest = [int(item) for batch in alone.epoch_batches() for item in batch]
@@ -161,7 +162,7 @@ def test_the_position_carries_over_to_another_number_of_processes() -> None:
 
 def test_data_that_cannot_be_split_again_refuses_another_number_of_processes() -> None:
     saved = EpochData([[1], [2], [3], [4]], seed=0, rank=0, world_size=2)
-    next(saved.epoch_batches())
+    saved.consumed(1)
     with pytest.raises(ValueError, match="written by 2 process"):
         EpochData([[1], [2], [3], [4]], seed=0).resume(saved.position())
 

@@ -101,13 +101,12 @@ class EpochData:
                 "the same seed, so a resumed run would see other data: let it draw from its "
                 "own torch.Generator (generator=...) or from torch's or Python's generator")
 
-    def epoch_batches(self) -> Iterator[Any]:
-        """The rest of the current epoch's batches, counting each one as consumed."""
-        for batch in self._rest_of_epoch():
-            self.batches += 1
-            yield batch
+    def consumed(self, batches: int) -> None:
+        """Count ``batches`` more as trained on (not merely read: loaders read ahead)."""
+        self.batches += batches
 
-    def _rest_of_epoch(self) -> Iterator[Any]:
+    def epoch_batches(self) -> Iterator[Any]:
+        """The rest of the current epoch's batches, from the position counted so far."""
         if self._loader is not None and self._sampler is not None:
             self._sampler.set_position(self.epoch, self._consumed())
             self._loader.generator.manual_seed(self.seed + self.epoch)  # worker seeds too

@@ -221,6 +221,7 @@ class _Trainer:
         self.model.train()
         for group in _groups(self._on_device(self.data.epoch_batches()), self.plan.grad_accum):
             self._train_group(group)
+            self.data.consumed(len(group))
             self._finish_step(bar)
             yield
         if not self.data.batches:
