@@ -19,14 +19,15 @@ import traitlets
 from fake_nvml import BOARDS, FakeBoard
 from IPython.core.error import UsageError
 from kernels import execute, outputs
+from terminal import terminal_ipython
 from waiting import wait_for
 
-from ipycloud.runtime.monitor import usage
 from ipycloud.runtime.monitor.readings import DANGER_AT, WARNING_AT, level, readings
 from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
 from ipycloud.runtime.monitor.textview import text_view
 from ipycloud.runtime.monitor.usage import shared_tracker
+from ipycloud.runtime.monitor.usage_report import UsageReport
 from ipycloud.widgets.dashboard import Dashboard
 from ipycloud.widgets.sparkline import HEIGHT, WIDTH, Trace, sparkline_svg
 
@@ -273,6 +274,15 @@ def test_text_view_and_live_refusal_without_ipywidgets(magic_shell, monkeypatch)
     assert not shared_sampler().running
 
 
+def test_a_terminal_ipython_is_told_to_use_the_text_view() -> None:
+    result = terminal_ipython(["%load_ext ipycloud", "%dashboard", "%dashboard --text"])
+    assert result.stderr.splitlines() == [
+        "UsageError: %dashboard: a terminal cannot show the live panel; use %dashboard --text "
+        "for a reading as text"]
+    assert "(one reading; %dashboard in a notebook shows them live)" in result.stdout
+    assert "Traceback" not in result.stdout
+
+
 def test_text_view_rows_and_levels() -> None:
     gpu = GpuSample(0, "Tesla T4", None, 14 * GIB, 15 * GIB, None, None, None)
     sample = Sample(time=0.0, cpu_percent=12.0, ram_used=13 * GIB, ram_limit=16 * GIB,
@@ -315,7 +325,7 @@ def test_the_report_as_text_json_and_csv(magic_shell, tmp_path: Path) -> None:
     magic_shell.run_line_magic("dashboard", "stop")
     wait_for(lambda: not shared_sampler().running)  # the totals stop growing
     report = magic_shell.run_line_magic("dashboard", "report")
-    assert isinstance(report, usage.UsageReport) and report.samples >= 3
+    assert isinstance(report, UsageReport) and report.samples >= 3
     assert str(report).startswith("Session ")
     as_json = magic_shell.run_line_magic("dashboard", "report --json")
     assert as_json.data == report.to_dict() == json.loads(str(as_json))

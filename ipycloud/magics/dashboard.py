@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -115,6 +116,9 @@ class DashboardMagics(Magics):
             if args.interval or args.history:
                 raise ValueError("--interval and --history are for the live panel, not --text")
             return self._text(args.cells)
+        if _in_terminal(self.shell):
+            raise UsageError("%dashboard: a terminal cannot show the live panel; use "
+                             "%dashboard --text for a reading as text")
         interval = args.interval or DEFAULT_INTERVAL_S
         history = args.history or VIEW_HISTORY_S
         try:
@@ -134,7 +138,8 @@ class DashboardMagics(Magics):
         from ipycloud.runtime.monitor.sampler import shared_sampler
         from ipycloud.runtime.monitor.textview import text_view
 
-        text = text_view(shared_sampler().sample_now(), live_hint="%dashboard")
+        live = "%dashboard in a notebook" if _in_terminal(self.shell) else "%dashboard"
+        text = text_view(shared_sampler().sample_now(), live_hint=live)
         if cells:
             self._record_cells()
             text += "\nrecording each cell's resource use: %dashboard cells shows the table"
@@ -188,3 +193,8 @@ class DashboardMagics(Magics):
                    f"the background sampler keeps running for {others} other user(s)")
         return Notice(f"{' and '.join(done)}; {sampler}")
 
+
+def _in_terminal(shell: Any) -> bool:
+    """Whether ``shell`` is IPython's terminal, which has no frontend to show widgets in."""
+    terminal = sys.modules.get("IPython.terminal.interactiveshell")  # loaded if it is one
+    return terminal is not None and isinstance(shell, terminal.TerminalInteractiveShell)
