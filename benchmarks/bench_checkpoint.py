@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager, catalog
+from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager, integrity
 
 RESULTS = Path(__file__).parent / "results" / "checkpoint.json"
 SCRATCH_PARENT = Path("/var/tmp")  # a real disk, unlike /dev/shm or a tmpfs /tmp
@@ -208,7 +208,7 @@ class Bench:
             self.settle(drop_cache=cache == "cold",
                         cached=info.data_path if cache == "warm" else None)
             self.record(f"load_{cache}_verify_s",
-                        timed(lambda: catalog.verification_problem(info)))
+                        timed(lambda: integrity.problem(info)))
 
 
 # -- report -----------------------------------------------------------------------------------

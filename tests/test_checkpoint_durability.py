@@ -33,7 +33,10 @@ from ipycloud.runtime.checkpoint import (
     CheckpointWarning,
     UnsafeCheckpointError,
     catalog,
+    integrity,
 )
+from ipycloud.runtime.durable import FileDigest
+from ipycloud.runtime.per_process import reset_process_state
 
 ELEMENTS = 1 << 20  # 4 MiB of float32 per checkpoint: a write takes real time
 KILL_TRIALS = 60
@@ -275,6 +278,69 @@ def test_damaged_newest_data_falls_back_with_a_warning(
     with pytest.raises(CheckpointError, match=f"{data[2].stem} is damaged"):
         manager.load(state, which=3)
     assert state["step"] == 2  # nothing was restored from the damaged file
+
+
+@pytest.mark.parametrize("damage", [truncate, flip_middle_bytes], ids=["truncated", "flipped"])
+def test_the_table_marks_the_newest_valid_checkpoint_latest_and_the_damaged_one(
+        three_checkpoints: tuple[CheckpointManager, list[Path]],
+        damage: Callable[[Path], None]) -> None:
+    manager, data = three_checkpoints
+    damage(data[2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CheckpointWarning)  # a listing shows, it does not warn
+        table = manager.table()
+    names = [row[0] for row in table.table()[1]]
+    assert names == [data[0].stem, f"{data[1].stem} (latest)", f"{data[2].stem} (damaged)"]
+    assert "(damaged)" in table._repr_html_()
+    assert [info.status for info in table.infos] == ["complete", "complete", "damaged"]
+
+
+def test_a_truncated_file_is_listed_as_damaged_without_reading_it(
+        three_checkpoints: tuple[CheckpointManager, list[Path]]) -> None:
+    manager, data = three_checkpoints
+    truncate(data[0])
+    data[1].unlink()
+    assert [info.status for info in manager.list()] == ["damaged", "damaged", "complete"]
+
+
+def test_a_checksum_known_to_this_process_spares_reading_the_file_again(
+        three_checkpoints: tuple[CheckpointManager, list[Path]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    manager, data = three_checkpoints
+    reads: list[Path] = []
+    real_of = FileDigest.of.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[FileDigest], path: Path) -> FileDigest:
+        reads.append(path)
+        return real_of(cls, path)
+
+    monkeypatch.setattr(FileDigest, "of", classmethod(counted))
+    reset_process_state()  # as in a fresh process: no checksum known
+    time.sleep(integrity.RACY_NS / 1e9)  # a stat taken from now on is trusted later
+    state = small_state(0)
+    manager.load(state)
+    assert reads == [data[2]]  # read once...
+    manager.load(state)
+    manager.table()
+    assert reads == [data[2]] and state["step"] == 3  # ...and known afterwards
+
+    flip_middle_bytes(data[2])  # a write changes the stat: the file is read again
+    with pytest.warns(CheckpointWarning, match=f"{data[2].stem} in .* is damaged"):
+        assert manager.load(state).step == 2
+    assert reads[1:] == [data[2], data[1]] and state["step"] == 2
+
+
+def test_a_checksum_taken_in_the_tick_of_the_last_write_is_not_trusted(tmp_path: Path) -> None:
+    path = tmp_path / "data.pt"
+    path.write_bytes(b"weights")
+    status = path.stat()
+    changed = max(status.st_mtime_ns, status.st_ctime_ns)
+    integrity.remember(path, "0000abcd", status, taken_ns=changed + integrity.RACY_NS - 1)
+    assert integrity.known_crc32(path, status) is None
+    integrity.remember(path, "0000abcd", status, taken_ns=changed + integrity.RACY_NS)
+    assert integrity.known_crc32(path, status) == "0000abcd"
+    reset_process_state()
+    assert integrity.known_crc32(path, status) is None
 
 
 def test_garbage_manifest_is_skipped_with_a_warning(

@@ -27,6 +27,7 @@ from ipycloud.runtime.checkpoint import (
     CheckpointError,
     CheckpointManager,
     CheckpointWarning,
+    manager_for,
 )
 from ipycloud.runtime.durable import folder_lock
 from ipycloud.runtime.machine import platform
@@ -186,20 +187,66 @@ def test_tagged_checkpoints_survive_rotation(tmp_path: Path) -> None:
 
 # -- choosing a checkpoint and listing them ---------------------------------------------------
 
+def test_best_loads_the_best_by_the_keep_best_metric(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder, keep_last=2, keep_best=("val_loss", "min"))
+    for step, loss in enumerate([0.9, 0.3, 0.5, 0.3, 0.6], start=1):
+        manager.save({"step": step}, step=step, metrics={"val_loss": loss, "acc": -loss})
+    state: dict[str, Any] = {"step": None}
+    assert manager.load(state, which="best").step == 4 and state["step"] == 4  # newest tie
+    by_accuracy = CheckpointManager(folder, keep_best=("acc", "max"))
+    assert by_accuracy.load(state, which="best").step == 4
+    # the rule the checkpoints were saved with serves a manager without one (%checkpoint's)
+    assert manager_for(folder).load(state, which="best").step == 4
+
+
+def test_a_damaged_best_falls_back_to_the_next_best(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run", keep_last=None, keep_best=("acc", "max"))
+    infos = [manager.save({"step": step}, step=step, metrics={"acc": acc})
+             for step, acc in ((1, 0.5), (2, 0.9), (3, 0.7))]
+    assert infos[1] is not None
+    infos[1].data_path.write_bytes(b"not a checkpoint")
+    state: dict[str, Any] = {"step": None}
+    with pytest.warns(CheckpointWarning, match=r"step-000000002 .* damaged .*the next best"):
+        assert manager.load(state, which="best").step == 3
+
+
+def test_best_without_a_metric_to_rank_by_is_a_one_line_error(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    CheckpointManager(folder).save({"step": 1}, step=1, metrics={"loss": 0.5})
+    state: dict[str, Any] = {"step": None}
+    with pytest.raises(CheckpointError, match=r"^which='best' needs keep_best=\(metric, 'min' "
+                       r"or 'max'\): this manager has none, and no checkpoint in .* was "
+                       r"saved with one$"):
+        CheckpointManager(folder).load(state, which="best")
+    with pytest.raises(CheckpointError, match=r"^no checkpoint in .* has the metric 'val_loss' "
+                       r"that keep_best ranks by \(metrics saved: loss\)$"):
+        CheckpointManager(folder, keep_best=("val_loss", "min")).load(state, which="best")
+    assert state["step"] is None
+
+
+@pytest.mark.parametrize("keep_best", [("val_loss",), ("val_loss", "low"),
+                                       ("val_loss", "min", 0), ("val_loss", "min", 1, 2),
+                                       "val_loss"])
+def test_bad_keep_best_is_a_value_error(tmp_path: Path, keep_best: Any) -> None:
+    with pytest.raises(ValueError, match=r"^keep_best is \(metric, 'min' or 'max'"):
+        CheckpointManager(tmp_path, keep_best=keep_best)
+
+
 def test_which_step_tag_or_name_and_unknown_ones(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "run", keep_last=None)
     manager.save({"step": 10}, step=10)
-    named = manager.save({"step": 20}, step=20, tag="best")
+    named = manager.save({"step": 20}, step=20, tag="good")
     manager.save({"step": 30}, step=30)
-    assert named is not None and named.name == "step-000000020-best"
+    assert named is not None and named.name == "step-000000020-good"
     state: dict[str, Any] = {"step": None}
     assert manager.load(state, which=10).step == 10 and state["step"] == 10
-    assert manager.load(state, which="best").step == 20 and state["step"] == 20
+    assert manager.load(state, which="good").step == 20 and state["step"] == 20
     assert manager.load(state, which=named.name).step == 20
     assert manager.load(state).step == 30 and state["step"] == 30
     with pytest.raises(CheckpointError, match=r"step 25 .*steps saved: 10, 20, 30"):
         manager.load(state, which=25)
-    with pytest.raises(CheckpointError, match=r"'nope'.*tags: best"):
+    with pytest.raises(CheckpointError, match=r"'nope'.*tags: good"):
         manager.load(state, which="nope")
     assert state["step"] == 30
 
@@ -262,6 +309,31 @@ def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path) -> N
     assert differences(restored.state_dict(), at_second) == []
 
 
+def test_a_save_in_the_background_is_listed_as_writing(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder, keep_last=3, keep_best=("val_loss", "min"))
+    manager.save({"weights": torch.zeros(8)}, step=100, metrics={"val_loss": 1.0})
+    with folder_lock(folder):  # the writer waits for the folder: the save stays pending
+        assert manager.save({"weights": torch.ones(8)}, step=120, tag="warm", blocking=False,
+                            metrics={"val_loss": 0.5}) is None
+        listed = manager.list()
+        table = str(manager.table())
+        described = repr(manager)
+    assert [(info.name, info.status) for info in listed] == [
+        ("step-000000100", "complete"), ("step-000000120-warm", "writing")]
+    assert listed[1].metrics == {"val_loss": 0.5} and listed[1].tag == "warm"
+    assert "step-000000100 (latest)" in table and "step-000000120-warm (writing)" in table
+    assert described == (f"CheckpointManager({str(folder)!r}, keep_last=3, "
+                         "keep_best=('val_loss', 'min', 1), writing step 120)")
+    assert manager.wait().name == "step-000000120-warm"  # type: ignore[union-attr]
+    assert [info.status for info in manager.list()] == ["complete", "complete"]
+    assert "step-000000120-warm (latest)" in str(manager.table())
+    assert repr(manager) == (f"CheckpointManager({str(folder)!r}, keep_last=3, "
+                             "keep_best=('val_loss', 'min', 1))")
+    assert repr(CheckpointManager(folder, keep_last=None)) == (
+        f"CheckpointManager({str(folder)!r}, keep_last=None, keep_best=None)")
+
+
 def _fail_in_background(folder: str) -> dict[str, Any]:
     """With file size capped, async saves fail in the writer thread; report what surfaced."""
     manager = CheckpointManager(folder, keep_last=None)
@@ -275,6 +347,7 @@ def _fail_in_background(folder: str) -> dict[str, Any]:
         manager.wait()
     except CheckpointError as error:
         outcome["wait"] = str(error)
+    outcome["listed"] = [(info.step, info.status) for info in manager.list()]
     outcome["wait_again"] = manager.wait().step  # type: ignore[union-attr]
     manager.save(big, step=3, blocking=False)
     try:
@@ -291,6 +364,7 @@ def test_a_background_failure_surfaces_at_the_next_call(tmp_path: Path) -> None:
     assert outcome["returned"] is None
     assert outcome["wait"].startswith("the previous asynchronous save failed: could not write")
     assert "could not write step-000000002 in" in outcome["wait"]
+    assert outcome["listed"] == [(1, "complete")]  # the failed one is no longer "writing"
     assert outcome["wait_again"] == 1  # raised once, then cleared
     assert outcome["save"].startswith("the previous asynchronous save failed: could not write")
     assert "could not write step-000000003 in" in outcome["save"]
@@ -348,7 +422,7 @@ def test_bad_steps_are_value_errors(tmp_path: Path, step: Any) -> None:
         CheckpointManager(tmp_path / "run").save({"x": 1}, step=step)
 
 
-@pytest.mark.parametrize("tag", ["1abc", "latest", "a/b", "", "x" * 65])
+@pytest.mark.parametrize("tag", ["1abc", "latest", "best", "a/b", "", "x" * 65])
 def test_bad_tags_are_value_errors(tmp_path: Path, tag: str) -> None:
     with pytest.raises(ValueError, match="invalid tag"):
         CheckpointManager(tmp_path / "run").save({"x": 1}, step=1, tag=tag)
@@ -461,6 +535,16 @@ def test_a_mismatched_restore_changes_nothing(tmp_path: Path) -> None:
         manager.load({"model": no_bias})
     manager.load({"model": no_bias}, strict=False)
     assert no_bias.weight.shape == (2, 3)
+
+
+def test_without_torch_the_manager_names_the_extra_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # what an environment without torch has
+    with pytest.raises(ImportError) as missing:
+        CheckpointManager(tmp_path / "run")
+    assert str(missing.value) == ("torch is required for this feature: "
+                                  "pip install 'ipycloud[torch]'")
+    assert not isinstance(missing.value, ModuleNotFoundError)
 
 
 def test_a_refused_save_creates_no_folder(tmp_path: Path) -> None:

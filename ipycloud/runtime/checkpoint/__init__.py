@@ -2,10 +2,12 @@
 
 Holds the checkpoint manager and its parts; may import ``machine`` and the shared helpers.
 ``CheckpointManager`` is the entry point; the modules beside it each do one part:
-``catalog`` (the folder layout), ``state`` (live objects to saveable state and back),
-``rng`` (random generator states), ``auto`` (the objects registered for automatic saving),
-``per_folder`` (the one manager of each folder that every front shares). Atomic, durable
-file writes come from ``ipycloud.runtime.durable``.
+``catalog`` (the folder layout and its table), ``integrity`` (files against their
+manifest, checksums this process knows), ``state`` (live objects to saveable state),
+``restore`` (saved state back into live objects, all or nothing), ``rng`` (random
+generator states), ``auto`` (the objects registered for automatic saving), ``per_folder``
+(the one manager of each folder that every front shares). Atomic, durable file writes
+come from ``ipycloud.runtime.durable``.
 """
 
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.durable import FileDigest, write_bytes_atomically
+from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
 from ipycloud.runtime.units import format_bytes
 
@@ -24,6 +24,8 @@ FORMAT = "ipycloud-checkpoint/1"
 DATA_SUFFIX = ".pt"
 MANIFEST_SUFFIX = ".json"
 LATEST_POINTER = "latest"
+BEST = "best"  # which= word for the best checkpoint by the keep_best metric
+COMPLETE, WRITING, DAMAGED = "complete", "writing", "damaged"  # CheckpointInfo.status
 _NAME = re.compile(r"^step-\d{9,}(-[A-Za-z][A-Za-z0-9_.-]*)?(\.\d+)?$")
 _TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
@@ -45,6 +47,8 @@ class CheckpointInfo:
     rng: list[str] = field(default_factory=list)  # generators whose state is included
     versions: dict[str, str | None] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # file -> size, crc32
+    keep_best: list[Any] | None = None  # the saving manager's [metric, mode, count]
+    status: str = COMPLETE  # as listed: complete, writing (in the background) or damaged
 
     @property
     def data_path(self) -> Path:
@@ -62,7 +66,7 @@ class CheckpointInfo:
     def to_manifest(self) -> dict[str, Any]:
         """The JSON manifest written beside the data file."""
         manifest = asdict(self)
-        del manifest["directory"]
+        del manifest["directory"], manifest["status"]
         return {"format": FORMAT, **manifest}
 
     @classmethod
@@ -87,15 +91,23 @@ class CheckpointInfo:
 
 
 def validate_tag(tag: str | None) -> None:
-    """Tags name checkpoints: a letter first, then letters, digits, '-', '_' or '.'."""
-    if tag is not None and (not _TAG.match(tag) or tag == LATEST_POINTER):
+    """Tags name checkpoints: a letter first, then letters, digits, '-', '_' or '.'.
+
+    'latest' and 'best' are refused: as ``which=`` they choose by recency and by metric.
+    """
+    if tag is not None and (not _TAG.match(tag) or tag in (LATEST_POINTER, BEST)):
         raise ValueError(f"invalid tag {tag!r}: start with a letter and use only letters, "
-                         "digits, '-', '_' and '.' (at most 64), and not 'latest'")
+                         "digits, '-', '_' and '.' (at most 64), and not 'latest' or 'best'")
+
+
+def base_name(step: int, tag: str | None) -> str:
+    """``step-000000100[-tag]``: the name of a checkpoint unless the folder has it already."""
+    return f"step-{step:09d}" + (f"-{tag}" if tag else "")
 
 
 def new_name(step: int, tag: str | None, directory: Path) -> str:
     """A name no file in ``directory`` uses yet: ``step-000000100[-tag][.N]``."""
-    base = f"step-{step:09d}" + (f"-{tag}" if tag else "")
+    base = base_name(step, tag)
     name, counter = base, 1
     while (directory / f"{name}{MANIFEST_SUFFIX}").exists() or (
             directory / f"{name}{DATA_SUFFIX}").exists():
@@ -140,24 +152,12 @@ def write_latest_pointer(directory: Path, name: str) -> None:
     write_bytes_atomically(directory / LATEST_POINTER, f"{name}\n".encode())
 
 
-def verification_problem(info: CheckpointInfo) -> str | None:
-    """Why the checkpoint's files do not match its manifest, or None when they do."""
-    for file_name, expected in info.files.items():
-        path = info.directory / file_name
-        try:
-            size = path.stat().st_size
-            if size != expected.get("size"):  # cheap first: truncation needs no reading
-                return f"{file_name} has {size} bytes, the manifest says {expected.get('size')}"
-            actual = FileDigest.of(path)
-        except OSError as error:
-            return f"{file_name} cannot be read ({error.strerror or error})"
-        if actual.crc32 != expected.get("crc32"):
-            return f"{file_name} fails its CRC-32 check"
-    return None
-
-
 class CheckpointTable:
-    """``list()`` as a table: text in a terminal, HTML in a notebook."""
+    """``list()`` as a table: text in a terminal, HTML in a notebook.
+
+    ``latest`` names the checkpoint "latest" loads: the newest that verifies. A checkpoint
+    still being written or found damaged says so beside its name.
+    """
 
     HEADERS = ("name", "step", "epoch", "tag", "metrics", "size", "saved")
 
@@ -167,11 +167,17 @@ class CheckpointTable:
         self.latest = latest
 
     def table(self) -> Table:
-        rows = [(info.name + (" (latest)" if info.name == self.latest else ""), str(info.step),
+        rows = [(info.name + self._note(info), str(info.step),
                  "" if info.epoch is None else str(info.epoch), info.tag or "",
                  ", ".join(f"{key}={value:.4g}" for key, value in info.metrics.items()),
-                 format_bytes(info.size), _when(info.time)) for info in self.infos]
+                 "" if info.status == WRITING else format_bytes(info.size), _when(info.time))
+                for info in self.infos]
         return self.HEADERS, rows
+
+    def _note(self, info: CheckpointInfo) -> str:
+        if info.status != COMPLETE:
+            return f" ({info.status})"
+        return " (latest)" if info.name == self.latest else ""
 
     def __str__(self) -> str:
         title = f"{len(self.infos)} checkpoint(s) in {self.directory}"

@@ -15,13 +15,13 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ipycloud._version import __version__
-from ipycloud.runtime._optional import require
-from ipycloud.runtime.checkpoint import catalog, rng
+from ipycloud.runtime._optional import is_available, require
+from ipycloud.runtime.checkpoint import catalog, integrity, rng
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
@@ -48,22 +48,34 @@ class CheckpointManager:
 
     ``directory`` defaults to ``<platform persistent folder>/checkpoints/<run>``.
     ``keep_last`` newest checkpoints are kept (None keeps all); ``keep_best=("val_loss",
-    "min")`` or ``("accuracy", "max", 2)`` also keeps the best by a metric. Tagged
-    checkpoints are never rotated away.
+    "min")`` or ``("accuracy", "max", 2)`` also keeps the best by a metric, and
+    ``load(which="best")`` loads the best. Tagged checkpoints are never rotated away.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None,
                  keep_last: int | None = KEEP_LAST, keep_best: tuple[Any, ...] | None = None,
                  *, run: str = "default") -> None:
+        if not is_available("torch"):
+            require("torch", "torch")  # raises the ImportError that names the extra
         check_keep_last(keep_last)
         self.directory = Path(directory) if directory is not None else default_directory(run)
         self.keep_last = keep_last
-        self.keep_best = _parse_keep_best(keep_best)
+        self.keep_best = None if keep_best is None else _keep_best_rule(keep_best)
         self._buffers = HostBuffers()
         self._writer: threading.Thread | None = None
         self._failure: BaseException | None = None
         self._last_written: CheckpointInfo | None = None
+        self._pending: CheckpointInfo | None = None  # what the writer thread is saving
+        self._commit_lock = threading.Lock()  # a manifest appears as the pending one goes
         _LIVE_MANAGERS.add(self)
+
+    def __repr__(self) -> str:
+        keep_best = None if self.keep_best is None else (
+            f"({', '.join(repr(part) for part in self.keep_best)})")
+        pending = self._pending
+        writing = "" if pending is None else f", writing step {pending.step}"
+        return (f"CheckpointManager({str(self.directory)!r}, keep_last={self.keep_last!r}, "
+                f"keep_best={keep_best}{writing})")
 
     # -- saving ------------------------------------------------------------------------------
 
@@ -91,12 +103,16 @@ class CheckpointManager:
         details: dict[str, Any] = {
             "step": step, "time": time.time(), "tag": tag, "epoch": epoch,
             "data_position": position, "metrics": checked_metrics, "objects": captured.kinds,
-            "rng": sorted(rng_states), "versions": _versions()}
+            "rng": sorted(rng_states), "versions": _versions(),
+            "keep_best": None if self.keep_best is None else list(self.keep_best)}
         payload = {"format": catalog.FORMAT, "state": captured.saved, "kinds": captured.kinds,
                    "shapes": captured.shapes, "rng": rng_states}
         if blocking:
             return self._write(details, payload)
         payload = self._buffers.copy(payload)
+        self._pending = CheckpointInfo(name=catalog.base_name(step, tag),
+                                       directory=self.directory, sequence=0,
+                                       status=catalog.WRITING, **details)
         self._writer = threading.Thread(target=self._write_in_background,
                                         args=(details, payload),
                                         name="ipycloud-checkpoint-writer", daemon=True)
@@ -118,6 +134,8 @@ class CheckpointManager:
             self._write(details, payload)
         except BaseException as error:  # kept for the next call, never lost
             self._failure = error
+        finally:
+            self._pending = None
 
     def _write(self, details: dict[str, Any], payload: dict[str, Any]) -> CheckpointInfo:
         """Write one checkpoint; its name and sequence number are picked under the lock.
@@ -137,7 +155,9 @@ class CheckpointManager:
                                           lambda file: _serialize(torch, payload, file))
                 info = dataclasses.replace(info, files={info.data_path.name: {
                     "size": digest.size, "crc32": digest.crc32}})
-                catalog.write_manifest(info)
+                with self._commit_lock:
+                    catalog.write_manifest(info)
+                    self._pending = None
             except OSError as error:
                 info.data_path.unlink(missing_ok=True)  # never committed: no manifest names it
                 raise CheckpointError(f"could not write {info.name} in {self.directory}: "
@@ -146,6 +166,7 @@ class CheckpointManager:
             try:
                 catalog.write_latest_pointer(self.directory, info.name)
                 self._rotate([*infos, info])
+                integrity.remember_written(info.data_path, digest.crc32)
             except OSError as error:
                 raise CheckpointError(f"{info.name} is saved, but updating 'latest' or "
                                       f"removing old checkpoints failed: "
@@ -176,10 +197,7 @@ class CheckpointManager:
             keep |= {info.name for info in untagged[-self.keep_last:]}
         if self.keep_best is not None:
             metric, mode, count = self.keep_best
-            scored = [info for info in infos if metric in info.metrics]
-            scored.sort(key=lambda info: (info.metrics[metric] * (1 if mode == "min" else -1),
-                                          -info.sequence))
-            keep |= {info.name for info in scored[:count]}
+            keep |= {info.name for info in _ranked(infos, metric, mode)[:count]}
         doomed = [info for info in infos if info.name not in keep]
         for info in doomed:  # the manifest goes first: the checkpoint vanishes atomically
             info.manifest_path.unlink(missing_ok=True)
@@ -190,14 +208,29 @@ class CheckpointManager:
     # -- reading -----------------------------------------------------------------------------
 
     def list(self) -> list[CheckpointInfo]:
-        """The complete checkpoints in the folder, oldest first (manifests only: fast)."""
+        """The checkpoints in the folder, oldest first, then the one being written, if any.
+
+        Fast: manifests and file sizes only. ``status`` is "writing" for a save still in
+        the background, "damaged" for a data file of the wrong size or one this process
+        found failing its checksum, "complete" otherwise.
+        """
         self._require_directory()
-        return catalog.read_catalog(self.directory)[0]
+        with self._commit_lock:
+            infos = catalog.read_catalog(self.directory)[0]
+            pending = self._pending
+        infos = [info if integrity.problem(info, read=False) is None
+                 else dataclasses.replace(info, status=catalog.DAMAGED) for info in infos]
+        return infos if pending is None else [*infos, pending]
 
     def table(self) -> CheckpointTable:
-        """``list()`` as a table for notebooks and terminals."""
-        return CheckpointTable(self.directory, self.list(),
-                               catalog.read_latest_pointer(self.directory))
+        """``list()`` as a table for notebooks and terminals, with "latest" on the newest
+        checkpoint that verifies (its checksum is read unless this process knows it)."""
+        self._require_directory()
+        damaged: set[str] = set()
+        latest = next(self._verified("latest", lambda info, _: damaged.add(info.name)), None)
+        infos = [dataclasses.replace(info, status=catalog.DAMAGED) if info.name in damaged
+                 else info for info in self.list()]
+        return CheckpointTable(self.directory, infos, latest.name if latest else None)
 
     def next_step(self) -> int:
         """One more than the highest step saved here, or 0 for an empty folder."""
@@ -214,11 +247,14 @@ class CheckpointManager:
              unsafe_allow_pickle: bool = False) -> CheckpointInfo:
         """Restore ``state``'s live objects (and the RNG states) from a checkpoint.
 
-        ``which`` is "latest", a step number, or a tag or name. For "latest", a checkpoint
-        failing verification is skipped with a CheckpointWarning and the newest valid one
-        is used. Loading uses ``torch.load(weights_only=True)``; a file that needs
-        arbitrary unpickling is refused unless ``unsafe_allow_pickle=True``, which lets the
-        file run any code it carries: use it only for files you made yourself.
+        ``which`` is "latest", "best" (by the ``keep_best`` metric: this manager's, or
+        the one the checkpoints were saved with), a step number, or a tag or name. For
+        "latest" and "best", a checkpoint failing verification is skipped with a
+        CheckpointWarning and the next one is used. Every object is checked against the
+        checkpoint before any is written: a failed restore changes nothing. Loading uses
+        ``torch.load(weights_only=True)``; a file that needs arbitrary unpickling is
+        refused unless ``unsafe_allow_pickle=True``, which lets the file run any code it
+        carries: use it only for files you made yourself.
         """
         self.wait()
         self._require_directory()
@@ -236,17 +272,18 @@ class CheckpointManager:
                        unsafe: bool) -> tuple[CheckpointInfo, dict[str, Any]]:
         """The newest candidate for ``which`` that verifies, with its loaded payload.
 
-        The checksum is computed while torch reads the file, and nothing is restored
-        unless it matches. An unsafe load runs the file's code, so it verifies first.
+        The checksum is computed while torch reads the file (or known already: see
+        ``integrity``), and nothing is restored unless it matches. An unsafe load runs the
+        file's code, so it verifies first.
         """
         for info in self._candidates(which):
-            if unsafe:
-                problem = catalog.verification_problem(info)
+            if unsafe or integrity.trusted(info):
+                problem = integrity.problem(info)
                 if problem is None:
                     return info, _torch_load(info, map_location, unsafe)
             else:
                 problem, (payload, failure) = side_by_side(
-                    lambda: catalog.verification_problem(info),  # noqa: B023 (waited for here)
+                    lambda: integrity.problem(info),  # noqa: B023 (waited for here)
                     lambda: _load_or_failure(info, map_location))  # noqa: B023
                 if problem is None:
                     if failure is not None:
@@ -255,32 +292,63 @@ class CheckpointManager:
             self._damaged(info, problem, which)
         raise CheckpointError(f"no valid checkpoint in {self.directory}")
 
-    def _verified(self, which: Which) -> Iterator[CheckpointInfo]:
-        """Candidates for ``which``, newest first, that pass verification."""
-        for info in self._candidates(which):
-            problem = catalog.verification_problem(info)
+    def _verified(self, which: Which,
+                  damaged: Callable[[CheckpointInfo, str], object] | None = None
+                  ) -> Iterator[CheckpointInfo]:
+        """Candidates for ``which``, in order of preference, that pass verification.
+
+        Each that fails goes to ``damaged(info, problem)``: by default a warning (or an
+        error for a checkpoint named by ``which``); given one, nothing is warned.
+        """
+        for info in self._candidates(which, warn=damaged is None):
+            problem = integrity.problem(info)
             if problem is None:
                 yield info
-            else:
+            elif damaged is None:
                 self._damaged(info, problem, which)
+            else:
+                damaged(info, problem)
 
-    def _candidates(self, which: Which) -> Sequence[CheckpointInfo]:
-        """Checkpoints matching ``which``, newest first (for "latest", the pointer first)."""
+    def _candidates(self, which: Which, *, warn: bool = True) -> Sequence[CheckpointInfo]:
+        """Checkpoints matching ``which``, preferred first: for "latest" the pointer's, then
+        the newest; for "best" the best by the metric; otherwise the newest."""
         infos, unreadable = catalog.read_catalog(self.directory)
-        for name in unreadable:
+        for name in unreadable if warn else ():
             warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
                           "skipping it", CheckpointWarning, stacklevel=4)
-        candidates = _candidates(infos, which, catalog.read_latest_pointer(self.directory))
+        if which == catalog.BEST:
+            metric, mode, _ = self._best_rule(infos)
+            candidates = _ranked(infos, metric, mode)
+            if not candidates:
+                saved = ", ".join(sorted({key for info in infos for key in info.metrics}))
+                raise CheckpointError(f"no checkpoint in {self.directory} has the metric "
+                                      f"{metric!r} that keep_best ranks by (metrics saved: "
+                                      f"{saved or 'none'})")
+        else:
+            candidates = _candidates(infos, which, catalog.read_latest_pointer(self.directory))
         if not candidates and which != "latest":
             raise CheckpointError(_not_found(which, infos, self.directory))
         return candidates
 
+    def _best_rule(self, infos: Sequence[CheckpointInfo]) -> tuple[str, str, int]:
+        """This manager's keep_best, else the one the newest checkpoint was saved with."""
+        if self.keep_best is not None:
+            return self.keep_best
+        recorded = next((info.keep_best for info in reversed(infos) if info.keep_best), None)
+        if recorded is None:
+            raise CheckpointError("which='best' needs keep_best=(metric, 'min' or 'max'): "
+                                  "this manager has none, and no checkpoint in "
+                                  f"{self.directory} was saved with one")
+        return _keep_best_rule(tuple(recorded))
+
     def _damaged(self, info: CheckpointInfo, problem: str, which: Which) -> None:
-        """Skip a damaged checkpoint with a warning for "latest"; refuse it when named."""
-        if which != "latest":
+        """Skip a damaged checkpoint with a warning for "latest" and "best"; refuse it when
+        named."""
+        if which not in ("latest", catalog.BEST):
             raise CheckpointError(f"checkpoint {info.name} is damaged: {problem}")
+        instead = "the previous one" if which == "latest" else "the next best"
         warnings.warn(f"checkpoint {info.name} in {self.directory} is damaged ({problem}); "
-                      "using the previous one", CheckpointWarning, stacklevel=4)
+                      f"using {instead}", CheckpointWarning, stacklevel=4)
 
 
 def check_keep_last(keep_last: int | None) -> None:
@@ -317,6 +385,13 @@ def _candidates(infos: list[CheckpointInfo], which: Which,
     if isinstance(which, str):
         return [info for info in newest_first if which in (info.tag, info.name)]
     raise TypeError(f"which must be 'latest', a step or a tag, not {which!r}")
+
+
+def _ranked(infos: list[CheckpointInfo], metric: str, mode: str) -> list[CheckpointInfo]:
+    """The checkpoints that recorded ``metric``, best first (of equals, the newest)."""
+    scored = [info for info in infos if metric in info.metrics]
+    return sorted(scored, key=lambda info: (info.metrics[metric] * (1 if mode == "min" else -1),
+                                            -info.sequence))
 
 
 def _not_found(which: Which, infos: list[CheckpointInfo], directory: Path) -> str:
@@ -392,12 +467,12 @@ def _check_step(step: int) -> None:
         raise ValueError(f"step must be a non-negative integer, not {step!r}")
 
 
-def _parse_keep_best(keep_best: tuple[Any, ...] | None) -> tuple[str, str, int] | None:
-    if keep_best is None:
-        return None
-    metric, mode, count = (*keep_best, 1) if len(keep_best) == 2 else keep_best
+def _keep_best_rule(keep_best: tuple[Any, ...]) -> tuple[str, str, int]:
+    """``(metric, mode, count)`` from ``(metric, mode[, count])``; ValueError otherwise."""
+    parts = (*keep_best, 1) if isinstance(keep_best, tuple) and len(keep_best) == 2 else keep_best
+    metric, mode, count = parts if isinstance(parts, tuple) and len(parts) == 3 else (None,) * 3
     if not isinstance(metric, str) or mode not in ("min", "max") or not (
-            isinstance(count, int) and count >= 1):
+            isinstance(count, int) and not isinstance(count, bool) and count >= 1):
         raise ValueError("keep_best is (metric, 'min' or 'max'[, count >= 1]), "
                          f"not {keep_best!r}")
     return metric, mode, count
