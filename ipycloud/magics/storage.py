@@ -178,7 +178,7 @@ class StorageMagics(Magics):
         if mounted is not None:
             free = shutil.disk_usage(mounted.project).free
             lines.append(f"free space there: {format_bytes(free)}")
-        lines += [f"background sync: {sync!r}" for sync in running_syncs()]
+        lines += [f"background sync: {sync}" for sync in running_syncs()]
         return Notice("\n".join(lines))
 
 

@@ -165,6 +165,25 @@ class SessionGuard:
                 sigterm=self._sigterm_state(settings), actions=tuple(registered_actions()),
                 last_run=None if run is None else run.describe(), notices=tuple(self.notices))
 
+    def __repr__(self) -> str:
+        """The guard in words: ``SessionGuard(running, a ping every 1 min; limit 12 h (Google
+        Colab's limit), reached at 21:40; next warning at 21:25; deadline actions: checkpoint
+        auto; SIGTERM guarded)``."""
+        status = self.status()
+        parts = [f"running, a ping every {format_seconds(status.interval_s)}"
+                 if status.running and status.interval_s is not None else "stopped"]
+        if status.limit_s is None:
+            parts.append(status.limit_source)
+        else:
+            parts.append(f"limit {format_seconds(status.limit_s)} ({status.limit_source}), "
+                         f"reached at {_clock(self.started_at + status.limit_s)}")
+            if status.running and status.next_warning_s is not None:
+                parts.append(f"next warning at {_clock(self.started_at + status.next_warning_s)}")
+        parts.append(f"deadline actions: {', '.join(status.actions) or 'none'}")
+        if status.running:
+            parts.append(f"SIGTERM {'guarded' if self._sigterm_installed else 'not guarded'}")
+        return f"SessionGuard({'; '.join(parts)})"
+
     # -- the thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -319,6 +338,13 @@ class SessionGuard:
 def session_guard() -> SessionGuard:
     """The session guard of this process, shared by every front (made stopped)."""
     return SessionGuard()
+
+
+def _clock(unix_time: float) -> str:
+    """Local clock time, ``21:40``, with the date when it is not today."""
+    moment = time.localtime(unix_time)
+    today = time.localtime()[:3] == moment[:3]
+    return time.strftime("%H:%M" if today else "%Y-%m-%d %H:%M", moment)
 
 
 def _kernel_activity() -> KernelActivity | None:

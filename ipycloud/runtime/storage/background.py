@@ -5,10 +5,13 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import time
 from typing import Any
 
+from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.storage.sync import PathArg, SyncReport, check_pair, sync
+from ipycloud.runtime.units import format_seconds
 
 __all__ = ["BackgroundSync", "running_syncs"]
 
@@ -33,6 +36,7 @@ class BackgroundSync:
         self.options = {"progress": False, **sync_options}
         self.last_report: SyncReport | None = None
         self.last_error: BaseException | None = None
+        self._last_run: tuple[float, BaseException | None] | None = None  # when, and its error
         self._unreported = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -60,7 +64,12 @@ class BackgroundSync:
 
     def sync_now(self) -> SyncReport:
         """Sync once now, in the calling thread; errors are raised, not kept."""
-        self.last_report = sync(self.src, self.dst, **self.options)
+        try:
+            self.last_report = sync(self.src, self.dst, **self.options)
+        except BaseException as error:
+            self._last_run = (time.time(), error)
+            raise
+        self._last_run = (time.time(), None)
         return self.last_report
 
     def stop(self, final: bool = True) -> SyncReport | None:
@@ -81,10 +90,24 @@ class BackgroundSync:
             raise self.last_error
         return self.last_report
 
-    def __repr__(self) -> str:
+    def __str__(self) -> str:
+        """In words: ``'/content/outputs' -> '/content/drive/MyDrive/outputs' every 5 min,
+        running, last run at 12:03 ok: 3 copied, 0 updated, 0 deleted, 9 unchanged (2.0 MiB)``."""
         state = "running" if self.running else "stopped"
-        detail = f"error: {self.last_error!r}" if self.last_error else str(self.last_report)
-        return f"<BackgroundSync {state} every {self.every_s} s, {detail}>"
+        return (f"{str(self.src)!r} -> {str(self.dst)!r} every {format_seconds(self.every_s)}, "
+                f"{state}, {self._last_run_words()}")
+
+    def __repr__(self) -> str:
+        return f"BackgroundSync({self})"
+
+    def _last_run_words(self) -> str:
+        if self._last_run is None:
+            return "no run yet"
+        when, error = self._last_run
+        at = time.strftime("%H:%M:%S", time.localtime(when))
+        if error is not None:
+            return f"last run at {at} failed: {describe_error(error)}"
+        return f"last run at {at} ok: {self.last_report}"
 
     def _loop(self) -> None:
         """The thread: sync, then wait, until stopped."""
