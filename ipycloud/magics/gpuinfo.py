@@ -34,7 +34,9 @@ class GpuInfoMagics(Magics):
 
         GPUs are queried through NVML, so CUDA is never initialised in the kernel: a
         multi-GPU launch that forks still works afterwards. Fields the driver cannot give
-        show as n/a. Without a GPU the report says so and shows the rest.
+        show as n/a. Without a GPU the report says so and shows the rest. torch is not
+        imported for the report (that takes seconds): until the notebook imports it, its
+        version, CUDA runtime and cuDNN are read from the installed files.
 
         Examples
         --------
