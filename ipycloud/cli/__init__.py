@@ -1,46 +1,127 @@
-"""The ``ipycloud`` command: the runtime from a terminal."""
+"""The ``ipycloud`` command: the runtime from a terminal.
+
+Exit status: 0 done; 1 the runtime could not do it (one line on stderr); 2 a usage mistake
+(the subcommand's usage, then the mistake); 130 interrupted with Ctrl-C; 141 the reader of
+the output went away (``ipycloud info --json | head -1``), as for any command ended by
+SIGPIPE, without a word.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from ipycloud._version import __version__
+from ipycloud.cli import commands
+
+BROKEN_PIPE = 128 + signal.SIGPIPE
+INTERRUPTED = 128 + signal.SIGINT
 
 
-def _info(args: argparse.Namespace) -> int:
-    from ipycloud.runtime.machine.report import environment_report
+class _Subcommand(argparse.ArgumentParser):
+    """A subcommand's parser: words it does not know are its mistake, shown with its usage
+    (argparse would leave them to the top-level parser and show that one's)."""
 
-    report = environment_report(processes=args.processes)
-    print(report.to_json() if args.json else report)
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from ipycloud.cli.demo import run_demo
-
-    return run_demo()
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line parser with its subcommands."""
     parser = argparse.ArgumentParser(
-        prog="ipycloud", description="Make cloud notebooks a dependable place to train models.")
+        prog="ipycloud", description="Make cloud notebooks a dependable place to train models.",
+        allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"ipycloud {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    info = commands.add_parser("info", help="report platform, CPU, RAM, disks, GPUs, software")
+    subcommands = _subcommands(parser, "command", "COMMAND")
+
+    info = _add(subcommands, "info", commands.info,
+                "report platform, CPU, RAM, disks, GPUs, software")
     info.add_argument("--json", action="store_true", help="print the full report as JSON")
     info.add_argument("-p", "--processes", action="store_true",
                       help="also list the processes using each GPU")
-    info.set_defaults(handler=_info)
-    demo = commands.add_parser(
-        "demo", help="show what ipycloud does on this machine: report, crash-proof checkpoints")
-    demo.set_defaults(handler=_demo)
+
+    _add(subcommands, "demo", commands.demo,
+         "show what ipycloud does on this machine: report, crash-proof checkpoints")
+
+    checkpoint = subcommands.add_parser("checkpoint", help="the checkpoints of a folder",
+                                        allow_abbrev=False)
+    listing = _add(_subcommands(checkpoint, "action", "ACTION"), "list", commands.checkpoint_list,
+                   "list the checkpoints of FOLDER, oldest first")
+    listing.add_argument("folder", metavar="FOLDER", type=_path, help="the checkpoint folder")
+    listing.add_argument("--json", action="store_true", help="print the manifests as JSON")
+
+    sync = _add(subcommands, "sync", commands.sync,
+                "copy what is new or changed in SRC to DST; nothing at DST is deleted unless "
+                "asked")
+    sync.add_argument("source", metavar="SRC", type=_path, help="the folder to copy")
+    sync.add_argument("target", metavar="DST", type=_path,
+                      help="where it goes (made if missing)")
+    sync.add_argument("--delete", action="store_true", help="delete what SRC no longer has")
+    sync.add_argument("--checksum", action="store_true",
+                      help="compare contents (sha256), not sizes and times")
+    sync.add_argument("-n", "--dry-run", action="store_true",
+                      help="list what would change and change nothing")
+    sync.add_argument("--json", action="store_true", help="print the full report as JSON")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    with warnings.catch_warnings():
+        warnings.showwarning = _warn_in_one_line
+        try:
+            status = int(args.handler(args))
+            sys.stdout.flush()  # here, where a closed pipe can still be handled
+        except BrokenPipeError:
+            _discard_stdout()
+            return BROKEN_PIPE
+        except commands.CommandError as error:
+            print(f"{args.name}: {error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{args.name}: interrupted", file=sys.stderr)
+            return INTERRUPTED
+    return status
 
+
+def _subcommands(parser: argparse.ArgumentParser, dest: str, metavar: str) -> Any:
+    return parser.add_subparsers(dest=dest, required=True, metavar=metavar,
+                                 parser_class=_Subcommand)
+
+
+def _add(subcommands: Any, name: str, handler: Any, text: str) -> argparse.ArgumentParser:
+    """A subcommand whose parsed arguments carry its handler and its full name."""
+    parser: argparse.ArgumentParser = subcommands.add_parser(name, help=text, description=text,
+                                                             allow_abbrev=False)
+    parser.set_defaults(handler=handler, name=parser.prog)
+    return parser
+
+
+def _path(text: str) -> str:
+    """An argparse type: a path, never empty (an empty one would mean this folder)."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty path: give a folder (. for this one)")
+    return text
+
+
+def _warn_in_one_line(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, file: Any = None, line: str | None = None) -> None:
+    print(f"ipycloud: {category.__name__}: {message}", file=sys.stderr)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

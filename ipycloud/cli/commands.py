@@ -1,0 +1,73 @@
+"""What each ``ipycloud`` subcommand does: call the runtime, print its result.
+
+A handler returns the exit status; what the runtime cannot do becomes a CommandError, one
+line for stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from ipycloud.runtime.messages import one_line
+
+
+class CommandError(Exception):
+    """What a command could not do, in one line (exit status 1)."""
+
+
+def info(args: argparse.Namespace) -> int:
+    """``ipycloud info``: the environment report, as text or JSON."""
+    from ipycloud.runtime.machine.report import environment_report
+
+    report = environment_report(processes=args.processes)
+    print(report.to_json() if args.json else report)
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    """``ipycloud demo``: what ipycloud does, on this machine."""
+    from ipycloud.cli.demo import run_demo
+
+    return run_demo()
+
+
+def checkpoint_list(args: argparse.Namespace) -> int:
+    """``ipycloud checkpoint list FOLDER``: the table ``%checkpoint list`` shows, or JSON."""
+    try:
+        from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager
+
+        table = CheckpointManager(args.folder).table()
+    except (ImportError, CheckpointError, OSError) as error:
+        raise CommandError(one_line(error)) from None
+    if not args.json:
+        print(table)
+        return 0
+    checkpoints = [{**info.to_manifest(), "status": info.status} for info in table.infos]
+    print(json.dumps({"directory": str(table.directory), "latest": table.latest,
+                      "checkpoints": checkpoints}, indent=2))
+    return 0
+
+
+def sync(args: argparse.Namespace) -> int:
+    """``ipycloud sync SRC DST``: copy what changed; with ``--dry-run``, list what would."""
+    from ipycloud.runtime.storage.sync import sync as sync_folders
+
+    try:
+        report = sync_folders(args.source, args.target, delete=args.delete,
+                              checksum=args.checksum, dry_run=args.dry_run,
+                              progress=sys.stderr.isatty())
+    except (ValueError, OSError) as error:
+        raise CommandError(one_line(error)) from None
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report), indent=2))
+        return 0
+    if report.dry_run:
+        for verb, paths in (("copy", report.copied), ("update", report.updated),
+                            ("delete", report.deleted), ("skip", report.skipped)):
+            for path in paths:
+                print(f"would {verb} {path}")
+    print(report)
+    return 0
