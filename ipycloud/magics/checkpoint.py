@@ -113,10 +113,18 @@ class CheckpointMagics(Magics):
             %checkpoint save model --tag before-finetune
             %checkpoint list
 
-        Restore the newest valid checkpoint, or a given step or tag::
+        Restore the newest valid checkpoint, or a given step or tag; ``--no-strict``
+        restores what the checkpoint holds and leaves the rest as it is::
 
             %checkpoint restore model optimizer scheduler
             %checkpoint restore model --from before-finetune
+            %checkpoint restore model optimizer --no-strict
+
+        Words are split as a shell splits them: quote a folder whose name has spaces
+        (IPython puts in ``$name`` first)::
+
+            %checkpoint save model --dir "/content/drive/MyDrive/my runs"
+            %checkpoint list --dir "$folder"
 
         Save automatically every 10 minutes (after cells, in ipycloud training loops,
         and when the session is about to end)::
