@@ -27,8 +27,13 @@ def test_import_ipycloud_imports_no_heavy_package() -> None:
 
 
 def test_load_ext_imports_no_heavy_package() -> None:
+    """Usage recording is off here: its sampler thread imports NVML a moment after loading,
+    racing this check (test_usage_recording checks what starting it imports)."""
     code = ("from IPython.core.interactiveshell import InteractiveShell\n"
-            "InteractiveShell.instance().run_line_magic('load_ext', 'ipycloud')")
+            "from traitlets.config import Config\n"
+            "config = Config()\n"
+            "config.UsageRecording.enabled = False\n"
+            "InteractiveShell.instance(config=config).run_line_magic('load_ext', 'ipycloud')")
     assert imported_modules(code) & HEAVY == set()
 
 
