@@ -165,7 +165,8 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("list --dir {tmp}/empty", "no checkpoint in"),
         ("list model", "%checkpoint list takes no variable names"),
         ("restore model --dir {tmp}/one --from 7", "no checkpoint of step 7"),
-        ("restore model --dir {tmp}/one --from best", "no checkpoint tagged or named 'best'"),
+        ("restore model --dir {tmp}/one --from best", "%checkpoint restore: --from best needs "
+                                                      "keep_best=(metric, 'min' or 'max')"),
         ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch' (it holds "
                                                 "'model'); pass --no-strict to restore the rest"),
         ("restore optimizer --dir {tmp}/one --from model", "no checkpoint tagged or named"),

@@ -32,7 +32,7 @@ AUTO_EVERY = "10m"
 # Checkpoint names hold the step in nine digits (step-000001200), so names sort by step.
 MAX_STEP = 10**9 - 1
 # The runtime's words for its parameters, and this magic's for the same choice.
-SPELLINGS = {"strict=False": "--no-strict"}
+SPELLINGS = {"strict=False": "--no-strict", "which='best'": "--from best"}
 
 
 def step_number(text: str) -> int:
