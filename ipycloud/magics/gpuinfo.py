@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import parse_line
+from ipycloud.magics._arguments import help_option, parse_line
 
 if TYPE_CHECKING:
     from ipycloud.runtime.machine.report import EnvironmentReport, JsonReport
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 class GpuInfoMagics(Magics):
     """Report the platform, CPU, RAM, disks, GPUs and deep-learning software."""
 
+    @help_option
     @magic_arguments()
     @argument("--json", action="store_true",
               help="return the full report as JSON (a tree in JupyterLab) instead of a table")
