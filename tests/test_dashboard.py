@@ -23,7 +23,7 @@ from terminal import terminal_ipython
 from waiting import wait_for
 
 from ipycloud.runtime.monitor.readings import DANGER_AT, WARNING_AT, level, readings
-from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
+from ipycloud.runtime.monitor.sampler import DEFAULT_INTERVAL_S, Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
 from ipycloud.runtime.monitor.textview import text_view
 from ipycloud.runtime.monitor.usage import shared_tracker
@@ -316,6 +316,17 @@ def test_the_magic_shows_a_live_panel_records_cells_and_stops(magic_shell) -> No
     wait_for(lambda: not shared_sampler().running)
     assert str(magic_shell.run_line_magic("dashboard", "stop")).startswith(
         "stopped 0 dashboard(s);")
+
+
+def test_stopping_the_dashboards_leaves_usage_recording_on(magic_shell) -> None:
+    magic_shell.run_line_magic("config", "UsageRecording.enabled = True")
+    magic_shell.run_line_magic("dashboard", "--interval 0.1")
+    notice = str(magic_shell.run_line_magic("dashboard", "stop"))
+    assert notice == ("stopped 1 dashboard(s); usage recording goes on once a second "
+                      "(%config UsageRecording.enabled = False stops it)")
+    assert shared_sampler().running and shared_sampler().subscribers == 1
+    assert shared_sampler().interval == DEFAULT_INTERVAL_S  # the session's own pace again
+    magic_shell.run_line_magic("config", "UsageRecording.enabled = False")
 
 
 def test_the_report_as_text_json_and_csv(magic_shell, tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ EXPECTED_OUTPUT = {
                             "samples so far", "this process's resident memory (RSS)",
                             "GPU-hours", "'instance': 'aws:g4dn.xlarge'",
                             "deadline actions", "2 checkpoint(s) in guarded-checkpoints",
-                            "the background sampler has stopped"],
+                            "usage recording goes on once a second"],
 }
 
 

@@ -174,8 +174,9 @@ class DashboardMagics(Magics):
         return JsonReport(report) if args.json else report
 
     def _stop(self, args: argparse.Namespace) -> Notice:
+        """Stop the dashboards and per-cell recording; usage recording goes on if it is on."""
         from ipycloud.runtime.monitor.sampler import shared_sampler
-        from ipycloud.runtime.monitor.session import stop_monitoring
+        from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
 
         live = [dashboard for dashboard in self._dashboards if dashboard.active]
         for dashboard in self._dashboards:
@@ -184,14 +185,29 @@ class DashboardMagics(Magics):
         recording = self._recorder is not None and self._recorder.recording
         if self._recorder is not None:
             self._recorder.stop()
-        stop_monitoring()
+        usage_on = _usage_recording_on(self.shell)
+        if usage_on:
+            start_monitoring()  # back to its own pace, from the dashboard's
+        else:
+            stop_monitoring()
         done = [f"stopped {len(live)} dashboard(s)"]
         if recording:
             done.append("per-cell recording (%dashboard cells still shows the table)")
+        if usage_on:
+            return Notice(f"{' and '.join(done)}; usage recording goes on once a second "
+                          "(%config UsageRecording.enabled = False stops it)")
         others = shared_sampler().subscribers
         sampler = ("the background sampler has stopped" if others == 0 else
                    f"the background sampler keeps running for {others} other user(s)")
         return Notice(f"{' and '.join(done)}; {sampler}")
+
+
+def _usage_recording_on(shell: Any) -> bool:
+    """Whether the session's usage recording (``UsageRecording.enabled``) is on."""
+    from ipycloud.magics.usage import UsageRecording
+
+    return any(isinstance(configurable, UsageRecording) and configurable.enabled
+               for configurable in getattr(shell, "configurables", ()))
 
 
 def _in_terminal(shell: Any) -> bool:
