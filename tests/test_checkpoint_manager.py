@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 import resource
 import signal
@@ -22,6 +23,7 @@ import pytest
 import torch
 from checkpoint_helpers import differences, in_child
 from torch import nn
+from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import (
     CheckpointError,
@@ -332,6 +334,32 @@ def test_a_save_in_the_background_is_listed_as_writing(tmp_path: Path) -> None:
                              "keep_best=('val_loss', 'min', 1))")
     assert repr(CheckpointManager(folder, keep_last=None)) == (
         f"CheckpointManager({str(folder)!r}, keep_last=None, keep_best=None)")
+
+
+def writer_thread() -> threading.Thread:
+    (thread,) = [thread for thread in threading.enumerate()
+                 if thread.name == "ipycloud-checkpoint-writer"]
+    return thread
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux scheduling policies")
+def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder)
+    manager.save({"weights": torch.zeros(8)}, step=0)
+    with folder_lock(folder):  # the writer waits for the folder
+        manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+        writer = writer_thread()
+        wait_for(lambda: os.sched_getscheduler(writer.native_id) == os.SCHED_IDLE,
+                 what="the writer at idle priority")
+        waiter = threading.Thread(target=manager.wait)
+        waiter.start()
+        wait_for(lambda: os.sched_getscheduler(writer.native_id) == os.SCHED_OTHER,
+                 what="the waited-for writer at normal priority")
+        assert waiter.is_alive() and writer.is_alive()  # still held by the lock
+    waiter.join(30)
+    assert manager.wait().step == 1  # type: ignore[union-attr]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own policy is untouched
 
 
 def _fail_in_background(folder: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 from ipycloud._version import __version__
 from ipycloud.runtime._optional import is_available, require
 from ipycloud.runtime.checkpoint import catalog, integrity, rng
+from ipycloud.runtime.checkpoint.background import BackgroundWrite
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
@@ -62,7 +63,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.keep_best = None if keep_best is None else _keep_best_rule(keep_best)
         self._buffers = HostBuffers()
-        self._writer: threading.Thread | None = None
+        self._writer: BackgroundWrite | None = None
         self._failure: BaseException | None = None
         self._last_written: CheckpointInfo | None = None
         self._pending: CheckpointInfo | None = None  # what the writer thread is saving
@@ -85,8 +86,9 @@ class CheckpointManager:
         """Save ``state`` (names -> live objects) as the checkpoint of ``step``.
 
         With ``blocking=False`` the state is copied to reused host buffers and written by a
-        background thread; this returns None at once, and ``wait()`` gives the result. At
-        most one write is in flight: the next call waits for it and raises its failure.
+        background thread at idle CPU priority; this returns None at once, and ``wait()``
+        gives the result. At most one write is in flight: the next call waits for it and
+        raises its failure.
         """
         self.wait()
         _check_step(step)
@@ -113,10 +115,8 @@ class CheckpointManager:
         self._pending = CheckpointInfo(name=catalog.base_name(step, tag),
                                        directory=self.directory, sequence=0,
                                        status=catalog.WRITING, **details)
-        self._writer = threading.Thread(target=self._write_in_background,
-                                        args=(details, payload),
-                                        name="ipycloud-checkpoint-writer", daemon=True)
-        self._writer.start()
+        self._writer = BackgroundWrite(lambda: self._write_in_background(details, payload),
+                                       name="ipycloud-checkpoint-writer")
         return None
 
     def wait(self) -> CheckpointInfo | None:
