@@ -334,10 +334,10 @@ def test_a_checksum_taken_in_the_tick_of_the_last_write_is_not_trusted(tmp_path:
     path = tmp_path / "data.pt"
     path.write_bytes(b"weights")
     status = path.stat()
-    changed = max(status.st_mtime_ns, status.st_ctime_ns)
-    integrity.remember(path, "0000abcd", status, taken_ns=changed + integrity.RACY_NS - 1)
+    written = status.st_mtime_ns
+    integrity.remember(path, "0000abcd", status, taken_ns=written + integrity.RACY_NS - 1)
     assert integrity.known_crc32(path, status) is None
-    integrity.remember(path, "0000abcd", status, taken_ns=changed + integrity.RACY_NS)
+    integrity.remember(path, "0000abcd", status, taken_ns=written + integrity.RACY_NS)
     assert integrity.known_crc32(path, status) == "0000abcd"
     reset_process_state()
     assert integrity.known_crc32(path, status) is None

@@ -2,9 +2,10 @@
 
 A checksum this process computed (writing a file, or verifying it) is reused while the
 file's stat (device, inode, size, modification and change times) is unchanged: nothing
-has written to the file since. As git does for its index, a checksum remembered less than
-RACY_NS after the file last changed is not reused, since a write within the same
-timestamp tick would leave the stat as it was; the next check reads the file again.
+has written to the file since. As git does for its index, a checksum whose stat was taken
+less than RACY_NS after the file's content last changed is not reused, since a write
+within the same timestamp tick would leave the stat as it was; the next check reads the
+file again.
 """
 
 from __future__ import annotations
@@ -39,16 +40,18 @@ def _signature(status: os.stat_result) -> tuple[int, ...]:
 
 def remember(path: Path, crc32: str, status: os.stat_result, taken_ns: int) -> None:
     """Record ``crc32`` as the checksum of ``path`` while its stat is ``status``, a stat
-    taken at ``time.time_ns()`` = ``taken_ns`` before the content was read."""
+    taken at ``time.time_ns()`` = ``taken_ns``, after the content was last written and
+    before it was read."""
     key = os.path.abspath(path)
-    if taken_ns - max(status.st_mtime_ns, status.st_ctime_ns) < RACY_NS:
+    if taken_ns - status.st_mtime_ns < RACY_NS:
         _known().pop(key, None)
     else:
         _known()[key] = _Known(_signature(status), crc32)
 
 
 def remember_written(path: Path, crc32: str) -> None:
-    """Record the checksum of a file this process has just written and read back."""
+    """Record the checksum of a file this process has just written, read back and renamed
+    into place (a large file's fsync and read-back usually take it past RACY_NS)."""
     remember(path, crc32, os.stat(path), time.time_ns())
 
 

@@ -153,6 +153,7 @@ class CheckpointManager:
             try:
                 digest = write_atomically(info.data_path,
                                           lambda file: _serialize(torch, payload, file))
+                integrity.remember_written(info.data_path, digest.crc32)
                 info = dataclasses.replace(info, files={info.data_path.name: {
                     "size": digest.size, "crc32": digest.crc32}})
                 with self._commit_lock:
@@ -166,7 +167,6 @@ class CheckpointManager:
             try:
                 catalog.write_latest_pointer(self.directory, info.name)
                 self._rotate([*infos, info])
-                integrity.remember_written(info.data_path, digest.crc32)
             except OSError as error:
                 raise CheckpointError(f"{info.name} is saved, but updating 'latest' or "
                                       f"removing old checkpoints failed: "

@@ -149,6 +149,9 @@ def map_tensors(tree: Any, fn: Callable[[Any, tuple[Any, ...]], Any],
         mapped = {key: map_tensors(value, fn, (*path, key)) for key, value in tree.items()}
         return OrderedDict(mapped) if isinstance(tree, OrderedDict) else mapped
     if isinstance(tree, list | tuple):
-        items = [map_tensors(item, fn, (*path, index)) for index, item in enumerate(tree)]
+        if all(type(item) in _PLAIN for item in tree):  # random generator states: fast
+            items = list(tree)
+        else:
+            items = [map_tensors(item, fn, (*path, index)) for index, item in enumerate(tree)]
         return type(tree)(*items) if hasattr(tree, "_fields") else type(tree)(items)
     return tree
