@@ -27,8 +27,10 @@ from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import (
     CheckpointError,
+    CheckpointInfo,
     CheckpointManager,
     CheckpointWarning,
+    catalog,
     manager_for,
 )
 from ipycloud.runtime.durable import folder_lock
@@ -334,6 +336,28 @@ def test_a_save_in_the_background_is_listed_as_writing(tmp_path: Path) -> None:
                              "keep_best=('val_loss', 'min', 1))")
     assert repr(CheckpointManager(folder, keep_last=None)) == (
         f"CheckpointManager({str(folder)!r}, keep_last=None, keep_best=None)")
+
+
+def test_a_save_whose_manifest_just_appeared_is_listed_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder)
+    committed, resume = threading.Event(), threading.Event()
+    write_manifest = catalog.write_manifest
+
+    def pausing_after(info: CheckpointInfo) -> None:
+        write_manifest(info)
+        if threading.current_thread().name == "ipycloud-checkpoint-writer":
+            committed.set()
+            resume.wait(30)
+
+    monkeypatch.setattr(catalog, "write_manifest", pausing_after)
+    manager.save({"weights": torch.ones(8)}, step=5, blocking=False)
+    assert committed.wait(30)  # the manifest is written; the writer has not gone on yet
+    listed = [(info.name, info.status) for info in manager.list()]
+    resume.set()
+    manager.wait()
+    assert listed == [("step-000000005", "complete")]
 
 
 def writer_thread() -> threading.Thread:

@@ -66,8 +66,7 @@ class CheckpointManager:
         self._writer: BackgroundWrite | None = None
         self._failure: BaseException | None = None
         self._last_written: CheckpointInfo | None = None
-        self._pending: CheckpointInfo | None = None  # what the writer thread is saving
-        self._commit_lock = threading.Lock()  # a manifest appears as the pending one goes
+        self._pending: CheckpointInfo | None = None  # until its manifest is written
         _LIVE_MANAGERS.add(self)
 
     def __repr__(self) -> str:
@@ -156,9 +155,8 @@ class CheckpointManager:
                 integrity.remember_written(info.data_path, digest.crc32)
                 info = dataclasses.replace(info, files={info.data_path.name: {
                     "size": digest.size, "crc32": digest.crc32}})
-                with self._commit_lock:
-                    catalog.write_manifest(info)
-                    self._pending = None
+                catalog.write_manifest(info)
+                self._pending = None
             except OSError as error:
                 info.data_path.unlink(missing_ok=True)  # never committed: no manifest names it
                 raise CheckpointError(f"could not write {info.name} in {self.directory}: "
@@ -215,12 +213,14 @@ class CheckpointManager:
         found failing its checksum, "complete" otherwise.
         """
         self._require_directory()
-        with self._commit_lock:
-            infos = catalog.read_catalog(self.directory)[0]
-            pending = self._pending
+        pending = self._pending  # read first: its manifest may appear while listing
         infos = [info if integrity.problem(info, read=False) is None
-                 else dataclasses.replace(info, status=catalog.DAMAGED) for info in infos]
-        return infos if pending is None else [*infos, pending]
+                 else dataclasses.replace(info, status=catalog.DAMAGED)
+                 for info in catalog.read_catalog(self.directory)[0]]
+        if pending is None or any((info.step, info.time) == (pending.step, pending.time)
+                                  for info in infos):
+            return infos
+        return [*infos, pending]
 
     def table(self) -> CheckpointTable:
         """``list()`` as a table for notebooks and terminals, with "latest" on the newest
