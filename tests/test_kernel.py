@@ -93,7 +93,7 @@ EXPECTED_OUTPUT = {
                              "resume at step 5 from batch 25", "auto checkpoint of model"],
     "03-training.ipynb": ["ipycloud.fit: starting on cpu", "resuming from step-000000040 ",
                           "resumed run equals the uninterrupted one: True",
-                          "both processes hold the same weights: True"],
+                          "best: step ", "both processes hold the same weights: True"],
     "04-storage.ipynb": ["project folder storage-demo/tutorial (local, kept after the session)",
                          "['dataset/test.csv', 'dataset/train.csv']",
                          "is already present and valid", "1 copied, 0 updated, 0 deleted",
