@@ -19,6 +19,7 @@ from ipycloud.runtime.train.interrupt import WorkerInit
 from ipycloud.runtime.train.sampling import (
     EpochSampler,
     SeededDataset,
+    draws_nothing,
     read_seeded,
     sampler_order,
     shuffled_order,
@@ -151,29 +152,31 @@ def _rebuild(data: Iterable[Any], seed: int, rank: int,
 
     if not isinstance(data, DataLoader):
         return None, None, 1
-    dataset = data.dataset
+    dataset: Any = data.dataset
     if (not hasattr(dataset, "__getitem__")
             or isinstance(dataset, torch.utils.data.IterableDataset)):
         return None, None, 1
     if _plain_sampler(data):
-        order = shuffled_order(len(dataset),  # type: ignore[arg-type]
+        order = shuffled_order(len(dataset),
                                isinstance(data.sampler, RandomSampler), seed)
     else:
         order = sampler_order(data.sampler if data.batch_size is not None
                               else data.batch_sampler, seed)
     batched = data.batch_size is None
-    sampler = EpochSampler(order, rank, world_size, batched=batched)
+    seeded = not draws_nothing(dataset)  # one that draws nothing is read as it is
+    sampler = EpochSampler(order, rank, world_size, batched=batched, keyed=seeded)
     settings = {name: getattr(data, name) for name in _LOADER_SETTINGS if hasattr(data, name)}
     if data.num_workers > 0:
         settings["prefetch_factor"] = data.prefetch_factor
     settings["worker_init_fn"] = WorkerInit(settings.get("worker_init_fn"))
-    seeded: Any = SeededDataset(dataset, seed)
+    if seeded:
+        dataset = SeededDataset(dataset, seed)
     loader: Any
     if batched:
-        loader = DataLoader(seeded, batch_sampler=sampler, generator=torch.Generator(),
+        loader = DataLoader(dataset, batch_sampler=sampler, generator=torch.Generator(),
                             **settings)
         return loader, sampler, 1
-    loader = DataLoader(seeded, batch_size=data.batch_size, sampler=sampler,
+    loader = DataLoader(dataset, batch_size=data.batch_size, sampler=sampler,
                         drop_last=data.drop_last, generator=torch.Generator(), **settings)
     return loader, sampler, data.batch_size or 1
 

@@ -42,9 +42,9 @@ class EpochSampler:
     """
 
     def __init__(self, order: Callable[[int], list[Any]], rank: int = 0, world_size: int = 1,
-                 *, batched: bool = False) -> None:
+                 *, batched: bool = False, keyed: bool = True) -> None:
         self.order, self.rank, self.world_size = order, rank, world_size
-        self.batched = batched
+        self.batched, self.keyed = batched, keyed  # keyed: (epoch, index) for SeededDataset
         self.epoch = 0
         self.consumed = 0
 
@@ -61,9 +61,12 @@ class EpochSampler:
         return order[self.consumed + self.rank::self.world_size]
 
     def __iter__(self) -> Iterator[Any]:
+        if not self.keyed:
+            return iter(self._mine())
         epoch = self.epoch
-        for unit in self._mine():
-            yield [(epoch, index) for index in unit] if self.batched else (epoch, unit)
+        if self.batched:
+            return ([(epoch, index) for index in unit] for unit in self._mine())
+        return ((epoch, index) for index in self._mine())
 
     def __len__(self) -> int:
         return len(self._mine())
@@ -73,17 +76,14 @@ class SeededDataset:
     """A map-style dataset whose item ``(epoch, index)`` is loaded under seeded generators.
 
     Python's ``random``, NumPy's global generator (when NumPy is imported) and torch's
-    default generator are seeded from ``(seed, epoch, index)`` before each item is loaded
-    (a TensorDataset, which draws nothing, is read as it is); in the training process
+    default generator are seeded from ``(seed, epoch, index)`` before each item is loaded;
+    in the training process
     their states are put back after each batch, so the model's own draws (dropout) do
     not depend on the data.
     """
 
     def __init__(self, dataset: Any, seed: int) -> None:
-        from torch.utils.data import TensorDataset
-
         self.dataset, self.seed = dataset, seed
-        self._draws = not isinstance(dataset, TensorDataset)  # tensors in memory draw nothing
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -94,8 +94,6 @@ class SeededDataset:
     def __getitems__(self, keys: Sequence[Key]) -> list[Any]:
         import torch
 
-        if not self._draws:
-            return [self.dataset[index] for _, index in keys]
         with _generators_kept(in_worker=torch.utils.data.get_worker_info() is not None):
             items = []
             for epoch, index in keys:
@@ -132,6 +130,13 @@ def _seed_generators(seed: int) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(seed & 0xFFFFFFFF)
+
+
+def draws_nothing(dataset: Any) -> bool:
+    """Whether loading an item draws no random numbers: a TensorDataset (tensors in memory)."""
+    from torch.utils.data import TensorDataset
+
+    return isinstance(dataset, TensorDataset)
 
 
 def shuffled_order(length: int, shuffle: bool, seed: int) -> Callable[[int], list[int]]:
