@@ -1,84 +1,253 @@
 """Benchmark: ``ipycloud.fit`` against a hand-written loop and accelerate's loop, and resume cost.
 
-Goals: ``fit`` runs at least 0.97x the steps/s of a hand-written loop doing the same work
-(a small MLP on the CPU, fp32, a shuffled DataLoader, AdamW), and beats accelerate's loop
-(``Accelerator.prepare`` + ``accelerator.backward``). Resume: after a restart, a mid-epoch
-resume at batch 50,000 of a map-style dataset reaches its first new step in under one
-second plus the checkpoint load. Needs ``pip install accelerate`` for the second figure.
-Run: ``python benchmarks/bench_fit.py``; results go to ``benchmarks/results/fit.json``.
+Goal: on each of three models, ``fit`` runs at least 0.97x the steps/s of a hand-written
+loop doing the same work, with accelerate's loop (``Accelerator(cpu=True).prepare`` +
+``accelerator.backward``) measured beside them. The models, trained on the CPU with one
+thread, in fp32, from a shuffled DataLoader, with AdamW, for the same number of steps:
+
+- ``mlp``: a small MLP on a TensorDataset of (inputs, labels);
+- ``bert``: a tiny BERT classifier (``transformers.BertForSequenceClassification`` built
+  from a ``BertConfig``: hidden 64, 2 layers, 2 heads, sequences of 32 tokens from a
+  vocabulary of 1,000) on a map-style dataset of dicts (``input_ids``,
+  ``attention_mask``, ``labels``), collated into dicts; the loss is the model's
+  ``outputs.loss``;
+- ``cnn``: three conv layers on 3x32x32 images of 10 classes, from a map-style dataset of
+  (image, label).
+
+The hand-written loop is ``loss.backward(); optimizer.step(); optimizer.zero_grad(
+set_to_none=True)``, reading ``loss.item()`` every 10 steps as ``fit`` does. ``fit`` is
+timed from the call (its setup included), the other loops from their first batch
+(``Accelerator.prepare`` left out). Each round runs the three loops one after the other,
+the order rotated from round to round, so that drift on a shared machine hits all alike;
+each figure is the median of the rounds, the spread their minimum and maximum, and every
+sample is kept in the JSON. One untimed round warms allocators and kernels first. Steps/s
+are of wall-clock time; the same ratio of this process's CPU time is given beside it (all
+loops run in the one thread), as it counts no time spent waiting for a core that another
+process holds.
+
+Resume: after a restart, a mid-epoch resume at batch 50,000 of a map-style dataset reaches
+its first new step in under one second plus the checkpoint load.
+
+Needs ``pip install accelerate`` for accelerate's loop and ``pip install transformers``
+(in ``ipycloud[test]``) for the BERT model; without them those figures are left out.
+Run: ``python benchmarks/bench_fit.py [--quick]`` (about 3 minutes; ``--quick``: fewer
+rounds and steps, about 1 minute); results go to ``benchmarks/results/fit.json``.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
+import importlib.util
 import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.train.loop import fit
 
 RESULTS = Path(__file__).parent / "results" / "fit.json"
-STEPS = 600
-ROUNDS = 5
-BATCH = 64
+THREADS = 1
+ROUNDS, QUICK_ROUNDS = 7, 3
+LOG_EVERY = 10  # steps between reads of the loss, in every loop (fit's default)
+GOAL_FIT_VS_HAND_WRITTEN = 0.97
 RESUME_AT_BATCH = 50_000
+LOOPS = ("hand_written", "fit", "accelerate")
 
 
-def parts(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
-    torch.manual_seed(seed)
+@dataclass(frozen=True)
+class Case:
+    """One model to train: how to build it with its data, and its loss in a plain loop."""
+
+    name: str
+    description: str
+    steps: int
+    batch: int
+    build: Callable[[int], tuple[nn.Module, Dataset[Any]]]
+    loss: Callable[[nn.Module, Any], torch.Tensor]
+
+    def parts(self, steps: int, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer,
+                                                        DataLoader[Any]]:
+        """The model, AdamW and a shuffled DataLoader of ``steps`` batches, all seeded."""
+        torch.manual_seed(seed)
+        model, dataset = self.build(steps * self.batch)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loader = DataLoader(dataset, batch_size=self.batch, shuffle=True,
+                            generator=torch.Generator().manual_seed(seed))
+        return model, optimizer, loader
+
+
+# -- the models -----------------------------------------------------------------------------
+
+
+def _mlp(samples: int) -> tuple[nn.Module, Dataset[Any]]:
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                           nn.Linear(256, 10))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(seed)
-    inputs = torch.randn(BATCH * STEPS, 64, generator=generator)
-    labels = torch.randint(0, 10, (BATCH * STEPS,), generator=generator)
-    loader = DataLoader(TensorDataset(inputs, labels), batch_size=BATCH, shuffle=True,
-                        generator=torch.Generator().manual_seed(seed))
-    return model, optimizer, loader
+    return model, TensorDataset(torch.randn(samples, 64), torch.randint(0, 10, (samples,)))
 
 
-def hand_written() -> float:
-    model, optimizer, loader = parts()
-    started = time.perf_counter()
-    for step, (inputs, labels) in enumerate(loader):
-        loss = nn.functional.cross_entropy(model(inputs), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % 10 == 0:
-            loss.item()  # a loop that shows its loss reads it now and then, as fit does
-    return STEPS / (time.perf_counter() - started)
+class TokenDataset(Dataset[dict[str, torch.Tensor]]):
+    """Padded token sequences of random lengths with a class label, one dict per sample."""
+
+    def __init__(self, samples: int, length: int, vocabulary: int) -> None:
+        self.input_ids = torch.randint(1, vocabulary, (samples, length))
+        lengths = torch.randint(length // 4, length + 1, (samples, 1))
+        self.attention_mask = (torch.arange(length) < lengths).long()
+        self.input_ids *= self.attention_mask  # padding is token 0
+        self.labels = torch.randint(0, 2, (samples,))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids[index], "attention_mask": self.attention_mask[index],
+                "labels": self.labels[index]}
 
 
-def with_fit() -> float:
-    model, optimizer, loader = parts()
-    started = time.perf_counter()
-    fit(model, optimizer, loader, epochs=1, precision="fp32", device="cpu", progress=False)
-    return STEPS / (time.perf_counter() - started)
+def _bert(samples: int) -> tuple[nn.Module, Dataset[Any]]:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=256,
+                        max_position_embeddings=64)  # two labels by default
+    return BertForSequenceClassification(config), TokenDataset(samples, 32, 1000)
 
 
-def with_accelerate() -> float:
+class ImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Random 3x32x32 images with a label of 10 classes, one (image, label) per sample."""
+
+    def __init__(self, samples: int) -> None:
+        self.images = torch.randn(samples, 3, 32, 32)
+        self.labels = torch.randint(0, 10, (samples,))
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+
+def _cnn(samples: int) -> tuple[nn.Module, Dataset[Any]]:
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(64, 10))
+    return model, ImageDataset(samples)
+
+
+def _cross_entropy(model: nn.Module, batch: Any) -> torch.Tensor:
+    inputs, labels = batch
+    return nn.functional.cross_entropy(model(inputs), labels)
+
+
+def _own_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    return model(**batch).loss
+
+
+CASES = (
+    Case("mlp", "MLP 64-256-256-10, TensorDataset", 600, 64, _mlp, _cross_entropy),
+    Case("bert", "BertForSequenceClassification, hidden 64, 2 layers, 2 heads, 32 tokens, "
+                 "dict batches", 150, 32, _bert, _own_loss),
+    Case("cnn", "3 conv layers (16-32-64 channels), 3x32x32 images, 10 classes, map-style "
+                "dataset", 150, 32, _cnn, _cross_entropy),
+)
+
+
+# -- the loops ------------------------------------------------------------------------------
+
+
+Rates = tuple[float, float]  # steps per second of wall-clock time and of this process's CPU time
+
+
+def hand_written(case: Case, steps: int) -> Rates:
+    model, optimizer, loader = case.parts(steps)
+
+    def train() -> None:
+        for step, batch in enumerate(loader):
+            loss = case.loss(model, batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % LOG_EVERY == 0:
+                loss.item()  # a loop that shows its loss reads it now and then, as fit does
+
+    return _rates(steps, train)
+
+
+def with_fit(case: Case, steps: int) -> Rates:
+    model, optimizer, loader = case.parts(steps)
+    return _rates(steps, lambda: fit(model, optimizer, loader, epochs=1, precision="fp32",
+                                     device="cpu", progress=False))
+
+
+def with_accelerate(case: Case, steps: int) -> Rates:
     from accelerate import Accelerator
 
-    model, optimizer, loader = parts()
+    model, optimizer, loader = case.parts(steps)
     accelerator = Accelerator(cpu=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    started = time.perf_counter()
-    for step, (inputs, labels) in enumerate(loader):
-        loss = nn.functional.cross_entropy(model(inputs), labels)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % 10 == 0:
-            loss.item()
-    return STEPS / (time.perf_counter() - started)
+
+    def train() -> None:
+        for step, batch in enumerate(loader):
+            loss = case.loss(model, batch)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % LOG_EVERY == 0:
+                loss.item()
+
+    return _rates(steps, train)
+
+
+def _rates(steps: int, train: Callable[[], Any]) -> Rates:
+    wall, cpu = time.perf_counter(), time.process_time()
+    train()
+    return steps / (time.perf_counter() - wall), steps / (time.process_time() - cpu)
+
+
+RUNNERS: dict[str, Callable[[Case, int], Rates]] = {
+    "hand_written": hand_written, "fit": with_fit, "accelerate": with_accelerate}
+
+
+def measure(case: Case, loops: list[str], rounds: int, steps: int) -> dict[str, Any]:
+    """Steps/s of each loop over interleaved rounds, the order rotated each round."""
+    for name in loops:  # warm up allocators and kernels once
+        RUNNERS[name](case, steps)
+    rates: dict[str, list[float]] = {name: [] for name in loops}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in loops}
+    for round_ in range(rounds):
+        shift = round_ % len(loops)
+        for name in loops[shift:] + loops[:shift]:
+            wall, cpu = RUNNERS[name](case, steps)
+            rates[name].append(wall)
+            cpu_rates[name].append(cpu)
+    medians = {name: statistics.median(values) for name, values in rates.items()}
+    cpu_medians = {name: statistics.median(values) for name, values in cpu_rates.items()}
+    figures: dict[str, Any] = {
+        "description": case.description, "steps_per_run": steps, "batch": case.batch,
+        "steps_per_s": medians,
+        "spread_min_max": {name: [min(values), max(values)] for name, values in rates.items()},
+        "fit_vs_hand_written": medians["fit"] / medians["hand_written"],
+        "cpu_steps_per_s": cpu_medians,
+        "fit_vs_hand_written_cpu": cpu_medians["fit"] / cpu_medians["hand_written"],
+    }
+    if "accelerate" in medians:
+        figures["accelerate_vs_hand_written"] = medians["accelerate"] / medians["hand_written"]
+        figures["fit_vs_accelerate"] = medians["fit"] / medians["accelerate"]
+    figures["samples"] = rates
+    figures["cpu_samples"] = cpu_rates
+    return figures
 
 
 def resume_cost() -> dict[str, float]:
@@ -117,35 +286,71 @@ def _timed(action: Any) -> float:
     return time.perf_counter() - started
 
 
+def _available(package: str, why: str) -> bool:
+    if importlib.util.find_spec(package) is not None:
+        return True
+    print(f"{package} is not installed, so {why} is left out: pip install {package}")
+    return False
+
+
+def _versions(*packages: str) -> dict[str, str | None]:
+    found = {package: importlib.util.find_spec(package) for package in packages}
+    return {package: importlib.metadata.version(package) if spec else None
+            for package, spec in found.items()}
+
+
+def _table(models: dict[str, dict[str, Any]], rounds: int) -> list[str]:
+    ratios = (("fit/hand", "fit_vs_hand_written"), ("fit/acc", "fit_vs_accelerate"),
+              ("acc/hand", "accelerate_vs_hand_written"),
+              ("fit/hand cpu", "fit_vs_hand_written_cpu"))
+    lines = [f"steps/s, median of {rounds} interleaved rounds [min-max]; ratios of the medians; "
+             f"goal: fit/hand >= {GOAL_FIT_VS_HAND_WRITTEN}",
+             f"{'model':<6}" + "".join(f"{name.replace('_', '-'):>22}" for name in LOOPS)
+             + "".join(f"{title:>13}" for title, _ in ratios)]
+    for name, figures in models.items():
+        line = f"{name:<6}"
+        for loop in LOOPS:
+            if loop not in figures["steps_per_s"]:
+                line += f"{'-':>22}"
+                continue
+            low, high = figures["spread_min_max"][loop]
+            line += f"{figures['steps_per_s'][loop]:.1f} [{low:.1f}-{high:.1f}]".rjust(22)
+        line += "".join(f"{figures[key]:>13.3f}" if key in figures else f"{'-':>13}"
+                        for _, key in ratios)
+        met = figures["fit_vs_hand_written"] >= GOAL_FIT_VS_HAND_WRITTEN
+        lines.append(line + ("  met" if met else "  MISSED"))
+    return lines
+
+
 def main() -> None:
-    torch.set_num_threads(1)
-    rates: dict[str, list[float]] = {"hand_written": [], "fit": [], "accelerate": []}
-    runners = {"hand_written": hand_written, "fit": with_fit, "accelerate": with_accelerate}
-    with_fit()  # warm up allocators and kernels once
-    for _ in range(ROUNDS):
-        for name, runner in runners.items():  # interleaved, so drift hits all alike
-            rates[name].append(runner())
-    medians = {name: statistics.median(values) for name, values in rates.items()}
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_ROUNDS} rounds of half as many steps")
+    args = parser.parse_args()
+    rounds = QUICK_ROUNDS if args.quick else ROUNDS
+    torch.set_num_threads(THREADS)
+    loops = ["hand_written", "fit"]
+    if _available("accelerate", "accelerate's loop"):
+        loops.append("accelerate")
+    cases = [case for case in CASES
+             if case.name != "bert" or _available("transformers", "the BERT model")]
+    models = {}
+    for case in cases:
+        steps = case.steps // 2 if args.quick else case.steps
+        models[case.name] = measure(case, loops, rounds, steps)
+        print(f"{case.name}: done", flush=True)
     resume = resume_cost()
     results = {
-        "machine": {"torch": torch.__version__, "threads": 1, "steps_per_run": STEPS,
-                    "batch": BATCH, "rounds": ROUNDS},
-        "steps_per_s": medians,
-        "fit_vs_hand_written": medians["fit"] / medians["hand_written"],
-        "accelerate_vs_hand_written": medians["accelerate"] / medians["hand_written"],
-        "fit_vs_accelerate": medians["fit"] / medians["accelerate"],
-        "goal_fit_vs_hand_written": 0.97,
+        "machine": {"torch": torch.__version__, "threads": THREADS, "rounds": rounds,
+                    "quick": args.quick, **_versions("accelerate", "transformers")},
+        "goal_fit_vs_hand_written": GOAL_FIT_VS_HAND_WRITTEN,
+        "models": models,
         "resume_at_batch_50000": resume,
         "goal_resume_beyond_load_s": 1.0,
-        "samples": rates,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"steps/s (median of {ROUNDS}): hand-written {medians['hand_written']:.0f}, "
-          f"fit {medians['fit']:.0f}, accelerate {medians['accelerate']:.0f}")
-    print(f"fit / hand-written = {results['fit_vs_hand_written']:.3f} (goal >= 0.97); "
-          f"accelerate / hand-written = {results['accelerate_vs_hand_written']:.3f}; "
-          f"fit / accelerate = {results['fit_vs_accelerate']:.3f}")
+    print("\n".join(_table(models, rounds)))
     print(f"resume at batch {RESUME_AT_BATCH}: first new step after "
           f"{resume['to_first_new_step_s']:.3f} s, of which checkpoint load "
           f"{resume['checkpoint_load_s']:.3f} s (goal: under 1 s beyond the load)")
