@@ -132,6 +132,7 @@ class _Trainer:
         self.dist = distributed.distributed_info()
         self.main = distributed.is_main_process()
         self.model = distributed.wrap_for_distributed(self.raw_model, self.device)
+        self._no_sync = getattr(self.model, "no_sync", None)  # DistributedDataParallel's
         self.optimizer, self.scheduler = optimizer, scheduler
         self._steps_on_metric = scheduler is not None and _steps_on_metric(scheduler)
         self.scaler = plan.precision.scaler(self.device)
@@ -219,16 +220,30 @@ class _Trainer:
         Micro-batches left over at the end of the epoch make one last, smaller step.
         """
         self.model.train()
-        for group in _groups(self._on_device(self.data.epoch_batches()), self.plan.grad_accum):
-            self._train_group(group)
-            self.data.consumed(len(group))
-            self._finish_step(bar)
-            yield
+        batches = self._on_device(self.data.epoch_batches())
+        if self.plan.grad_accum == 1:  # the common case, on the shortest path
+            for batch in batches:
+                self._train_batch(batch)
+                self.data.consumed(1)
+                self._finish_step(bar)
+                yield
+        else:
+            for group in _groups(batches, self.plan.grad_accum):
+                self._train_group(group)
+                self.data.consumed(len(group))
+                self._finish_step(bar)
+                yield
         if not self.data.batches:
             raise ValueError("train_data is empty: it gave no batch" + (
                 f" in epoch {self.data.epoch} (an iterator can be read only once: pass a "
                 "DataLoader or a list)" if self.data.epoch else ""))
         self._log(bar)
+
+    def _train_batch(self, batch: Any) -> None:
+        """Forward and backward over an optimizer step of one batch."""
+        _, _, loss = self._forward(batch)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        self._losses.append(loss.detach())
 
     def _train_group(self, group: list[Any]) -> None:
         """Forward and backward over one optimizer step's micro-batches.
@@ -256,8 +271,7 @@ class _Trainer:
         return [count / total for count in counts]
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        no_sync = getattr(self.model, "no_sync", None)  # DistributedDataParallel's
-        return contextlib.nullcontext() if last or no_sync is None else no_sync()
+        return contextlib.nullcontext() if last or self._no_sync is None else self._no_sync()
 
     def _finish_step(self, bar: Progress) -> None:
         self._optimizer_step()

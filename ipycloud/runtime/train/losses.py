@@ -29,8 +29,11 @@ class LossRule:
         if self.name == "outputs.loss":
             return outputs["loss"] if isinstance(outputs, Mapping) else outputs.loss
         logits, targets = aligned(logits_of(outputs), targets, self.shifted)
-        return torch.nn.functional.cross_entropy(logits.float().flatten(0, -2),
-                                                 targets.flatten(), ignore_index=IGNORE_INDEX)
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        if logits.ndim > 2:  # one row per token
+            logits, targets = logits.flatten(0, -2), targets.flatten()
+        return torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX)
 
 
 def aligned(logits: Any, labels: Any, shifted: bool) -> tuple[Any, Any]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+_NO_AUTOCAST = contextlib.nullcontext()  # reusable: it holds no state
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class Precision:
 
             return xla.autocast(dtype)
         if dtype == torch.float32:
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         return torch.autocast(device_type=device.type, dtype=dtype)
 
     def scaler(self, device: Any) -> Any:
