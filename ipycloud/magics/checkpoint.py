@@ -13,6 +13,7 @@ from traitlets import Int, Unicode, default
 
 from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
 from ipycloud.magics._display import Notice
+from ipycloud.runtime.checkpoint.catalog import MAX_STEP
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -29,8 +30,6 @@ OPTIONS = {
     "auto --off": {"off"},
 }
 AUTO_EVERY = "10m"
-# Checkpoint names hold the step in nine digits (step-000001200), so names sort by step.
-MAX_STEP = 10**9 - 1
 # The runtime's words for its parameters, and this magic's for the same choice.
 SPELLINGS = {"strict=False": "--no-strict", "which='best'": "--from best"}
 

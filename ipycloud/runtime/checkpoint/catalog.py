@@ -100,6 +100,10 @@ def validate_tag(tag: str | None) -> None:
                          "digits, '-', '_' and '.' (at most 64), and not 'latest' or 'best'")
 
 
+# Names hold the step in nine digits (step-000001200), so they sort by step.
+MAX_STEP = 10**9 - 1
+
+
 def base_name(step: int, tag: str | None) -> str:
     """``step-000000100[-tag]``: the name of a checkpoint unless the folder has it already."""
     return f"step-{step:09d}" + (f"-{tag}" if tag else "")

@@ -70,12 +70,10 @@ class CheckpointManager:
         _LIVE_MANAGERS.add(self)
 
     def __repr__(self) -> str:
-        keep_best = None if self.keep_best is None else (
-            f"({', '.join(repr(part) for part in self.keep_best)})")
         pending = self._pending
         writing = "" if pending is None else f", writing step {pending.step}"
         return (f"CheckpointManager({str(self.directory)!r}, keep_last={self.keep_last!r}, "
-                f"keep_best={keep_best}{writing})")
+                f"keep_best={self.keep_best!r}{writing})")
 
     # -- saving ------------------------------------------------------------------------------
 
@@ -465,6 +463,9 @@ def _refusal_reason(message: str) -> str:
 def _check_step(step: int) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative integer, not {step!r}")
+    if step > catalog.MAX_STEP:
+        raise ValueError(f"step must be at most {catalog.MAX_STEP} (checkpoint names hold "
+                         f"nine digits), not {step}")
 
 
 def _keep_best_rule(keep_best: tuple[Any, ...]) -> tuple[str, str, int]:
