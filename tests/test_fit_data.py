@@ -88,6 +88,48 @@ def test_loading_data_leaves_the_training_generators_alone() -> None:
     assert torch.equal(torch.rand(3), expected)  # dropout draws as if no data were loaded
 
 
+class DrawsLate(Dataset):
+    """Items 0..n-1 that draw from one global generator, from item ``first_drawing`` on."""
+
+    DRAWS = {"random": random.random, "numpy": lambda: float(np.random.random()),
+             "torch": lambda: float(torch.rand(()))}
+
+    def __init__(self, generator: str, first_drawing: int) -> None:
+        self.draw, self.first_drawing = self.DRAWS[generator], first_drawing
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        drawn = self.draw() if index >= self.first_drawing else 0.0
+        return torch.tensor([index + drawn], dtype=torch.float64)
+
+
+def global_draws() -> list[float]:
+    return [draw() for draw in DrawsLate.DRAWS.values()]
+
+
+@pytest.mark.parametrize("generator", list(DrawsLate.DRAWS))
+def test_a_generator_first_drawn_from_late_is_seeded_like_the_others(generator: str) -> None:
+    def load(global_seed: int, skipped_batches: int) -> tuple[torch.Tensor, list[float]]:
+        """Items 10.. of an epoch in batches of 4, and the global draws right after."""
+        for seed in (random.seed, np.random.seed, torch.manual_seed):
+            seed(global_seed)
+        data = EpochData(DataLoader(DrawsLate(generator, first_drawing=10), batch_size=4),
+                         seed=3)
+        data.consumed(skipped_batches)
+        items = torch.cat(list(data.epoch_batches()))[10 - 4 * skipped_batches:, 0]
+        return items, global_draws()
+
+    whole, after_whole = load(global_seed=1, skipped_batches=0)
+    resumed, _ = load(global_seed=2, skipped_batches=2)  # first drawn from in its first batch
+    assert torch.equal(resumed, whole)  # a function of (seed, epoch, index) alone
+    assert not torch.equal(whole, torch.arange(10, 24, dtype=torch.float64))  # it drew
+    for seed in (random.seed, np.random.seed, torch.manual_seed):
+        seed(1)
+    assert after_whole == global_draws()  # the training process's generators were put back
+
+
 def weighted(generator: bool) -> DataLoader:
     weights = torch.linspace(0.1, 1.0, SAMPLES)
     sampler = WeightedRandomSampler(weights, num_samples=SAMPLES, replacement=True,

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import random
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 Key = tuple[int, int]  # (epoch, dataset index): what the seeded dataset is asked for
 
@@ -75,15 +76,19 @@ class EpochSampler:
 class SeededDataset:
     """A map-style dataset whose item ``(epoch, index)`` is loaded under seeded generators.
 
-    Python's ``random``, NumPy's global generator (when NumPy is imported) and torch's
-    default generator are seeded from ``(seed, epoch, index)`` before each item is loaded;
-    in the training process
-    their states are put back after each batch, so the model's own draws (dropout) do
-    not depend on the data.
+    Before each item is loaded, every process-wide generator the dataset draws from
+    (Python's ``random``, NumPy's global generator, torch's default generator) is seeded
+    from ``(seed, epoch, index)``. Which ones it draws from is learnt as it loads: a
+    generator's state is compared before and after each batch, and a batch that drew from
+    a generator not seeded yet is loaded again with it seeded. So a dataset that draws
+    nothing costs no seeding, and every item is still a function of ``(seed, epoch,
+    index)``. In the training process the states are put back after each batch, so the
+    model's own draws (dropout) do not depend on the data.
     """
 
     def __init__(self, dataset: Any, seed: int) -> None:
         self.dataset, self.seed = dataset, seed
+        self.drawn_from: set[str] = set()  # names of the generators loading draws from
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -94,42 +99,81 @@ class SeededDataset:
     def __getitems__(self, keys: Sequence[Key]) -> list[Any]:
         import torch
 
-        with _generators_kept(in_worker=torch.utils.data.get_worker_info() is not None):
-            items = []
-            for epoch, index in keys:
-                _seed_generators(mixed_seed(self.seed, epoch, index))
-                items.append(self.dataset[index])
-            return items
+        in_worker = torch.utils.data.get_worker_info() is not None
+        while True:
+            generators = _global_generators()
+            # A worker's generators are its own: they are watched but never put back.
+            kept = [generator for generator in generators
+                    if not (in_worker and generator.name in self.drawn_from)]
+            before = {generator.name: generator.get_state() for generator in kept}
+            items = self._load(keys, generators)
+            newly_drawn = {generator.name for generator in kept
+                           if generator.name not in self.drawn_from
+                           and not generator.same(before[generator.name],
+                                                  generator.get_state())}
+            self.drawn_from |= newly_drawn
+            for generator in kept:
+                if generator.name in self.drawn_from and not in_worker:
+                    generator.set_state(before[generator.name])
+            numpy_imported = len(_global_generators()) > len(generators)
+            if not newly_drawn and not numpy_imported:
+                return items
+
+    def _load(self, keys: Sequence[Key], generators: list[_GlobalGenerator]) -> list[Any]:
+        seeded = [generator for generator in generators if generator.name in self.drawn_from]
+        items = []
+        for epoch, index in keys:
+            if seeded:
+                seed = mixed_seed(self.seed, epoch, index)
+                for generator in seeded:
+                    generator.seed(seed)
+            items.append(self.dataset[index])
+        return items
+
+
+class _GlobalGenerator(NamedTuple):
+    """A process-wide random generator: how to read, restore, seed and compare its state."""
+
+    name: str
+    get_state: Callable[[], Any]
+    set_state: Callable[[Any], Any]
+    seed: Callable[[int], Any]
+    same: Callable[[Any, Any], bool]
+
+
+def _global_generators() -> list[_GlobalGenerator]:
+    """Python's and torch's generators, and NumPy's where NumPy is imported."""
+    import torch
+
+    generators = [
+        _GlobalGenerator("random", random.getstate, random.setstate, random.seed, operator.eq),
+        _GlobalGenerator("torch", torch.get_rng_state, torch.set_rng_state,
+                         torch.default_generator.manual_seed, torch.equal)]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        generators.append(_GlobalGenerator(
+            "numpy", numpy.random.get_state, numpy.random.set_state,
+            lambda seed: numpy.random.seed(seed & 0xFFFFFFFF), _same_numpy_state))
+    return generators
+
+
+def _same_numpy_state(first: tuple[Any, ...], second: tuple[Any, ...]) -> bool:
+    """Whether two legacy NumPy states (name, key array, position, Gaussian cache) match."""
+    import numpy
+
+    return first[2:] == second[2:] and bool(numpy.array_equal(first[1], second[1]))
 
 
 @contextlib.contextmanager
-def _generators_kept(in_worker: bool) -> Iterator[None]:
-    """Put the global generators back afterwards; a worker process needs no restoring."""
-    if in_worker:
-        yield
-        return
-    import torch
-
-    numpy = sys.modules.get("numpy")
-    states = (random.getstate(), torch.get_rng_state(),
-              numpy.random.get_state() if numpy is not None else None)
+def _generators_kept() -> Iterator[list[_GlobalGenerator]]:
+    """The global generators, put back as they were afterwards."""
+    generators = _global_generators()
+    states = [generator.get_state() for generator in generators]
     try:
-        yield
+        yield generators
     finally:
-        random.setstate(states[0])
-        torch.set_rng_state(states[1])
-        if numpy is not None:
-            numpy.random.set_state(states[2])
-
-
-def _seed_generators(seed: int) -> None:
-    import torch
-
-    random.seed(seed)
-    torch.default_generator.manual_seed(seed)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed(seed & 0xFFFFFFFF)
+        for generator, state in zip(generators, states, strict=True):
+            generator.set_state(state)
 
 
 def draws_nothing(dataset: Any) -> bool:
@@ -149,25 +193,29 @@ def shuffled_order(length: int, shuffle: bool, seed: int) -> Callable[[int], lis
         generator = torch.Generator().manual_seed(seed + epoch)
         return torch.randperm(length, generator=generator).tolist()
 
-    return order
+    return _last_epoch_kept(order)
 
 
 def sampler_order(sampler: Any, seed: int) -> Callable[[int], list[Any]]:
     """The order a custom (batch) sampler gives when its generators are seeded for the epoch.
 
     Torch's default generator, Python's ``random`` and the sampler's own ``generator`` are
-    seeded from ``(seed, epoch)`` while the sampler is read, and put back afterwards. The
-    order is kept for the epoch being read, so it is computed once per epoch.
+    seeded from ``(seed, epoch)`` while the sampler is read, and put back afterwards.
     """
-    cached: dict[int, list[Any]] = {}
+    return _last_epoch_kept(lambda epoch: read_seeded(sampler, mixed_seed(seed, epoch)))
 
-    def order(epoch: int) -> list[Any]:
-        if epoch not in cached:
-            cached.clear()
-            cached[epoch] = read_seeded(sampler, mixed_seed(seed, epoch))
-        return cached[epoch]
 
-    return order
+def _last_epoch_kept(order: Callable[[int], list[Any]]) -> Callable[[int], list[Any]]:
+    """``order``, computed once for the epoch asked for last."""
+    kept: dict[int, list[Any]] = {}
+
+    def cached(epoch: int) -> list[Any]:
+        if epoch not in kept:
+            kept.clear()
+            kept[epoch] = order(epoch)
+        return kept[epoch]
+
+    return cached
 
 
 def read_seeded(sampler: Any, seed: int) -> list[Any]:
@@ -176,8 +224,9 @@ def read_seeded(sampler: Any, seed: int) -> list[Any]:
 
     own: Any = getattr(sampler, "generator", None)
     own_state = own.get_state() if isinstance(own, torch.Generator) else None
-    with _generators_kept(in_worker=False):
-        _seed_generators(seed)
+    with _generators_kept() as generators:
+        for generator in generators:
+            generator.seed(seed)
         if own_state is not None:
             own.manual_seed(seed)
         try:
