@@ -33,6 +33,7 @@ from ipycloud.runtime.checkpoint import (
     catalog,
     manager_for,
 )
+from ipycloud.runtime.checkpoint.background import background_pays_off
 from ipycloud.runtime.durable import folder_lock
 from ipycloud.runtime.machine import platform
 
@@ -384,6 +385,40 @@ def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: P
     waiter.join(30)
     assert manager.wait().step == 1  # type: ignore[union-attr]
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own policy is untouched
+
+
+@pytest.fixture
+def four_cores(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process may run on four cores; torch's thread count is put back afterwards."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(("torch_threads", "in_background"), [(4, False), (3, True), (1, True)])
+def test_auto_writes_in_the_background_only_when_training_leaves_a_core(
+        tmp_path: Path, four_cores: None, torch_threads: int, in_background: bool) -> None:
+    torch.set_num_threads(torch_threads)
+    manager = CheckpointManager(tmp_path / "run")
+    returned = manager.save({"weights": torch.ones(8)}, step=1, blocking="auto")
+    assert (returned is None) is in_background
+    assert manager.wait().step == 1  # type: ignore[union-attr]
+
+
+def test_auto_writes_in_the_background_for_a_state_on_an_accelerator(four_cores: None) -> None:
+    torch.set_num_threads(4)
+    on_cpu = {"model": {"weight": torch.ones(2)}, "step": 3}
+    assert not background_pays_off(on_cpu)
+    assert background_pays_off({**on_cpu, "moments": [torch.empty(2, device="meta")]})
+
+
+@pytest.mark.parametrize("blocking", [1, "yes", None])
+def test_blocking_takes_true_false_or_auto(tmp_path: Path, blocking: Any) -> None:
+    folder = tmp_path / "run"
+    with pytest.raises(ValueError, match="blocking must be True, False or 'auto'"):
+        CheckpointManager(folder).save({"x": 1}, step=1, blocking=blocking)
+    assert not folder.exists()
 
 
 def _fail_in_background(folder: str) -> dict[str, Any]:

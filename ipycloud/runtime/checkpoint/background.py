@@ -1,4 +1,4 @@
-"""The thread that writes an asynchronous checkpoint, at idle CPU priority.
+"""The thread that writes an asynchronous checkpoint, at idle CPU priority, and when to use it.
 
 A training loop keeps the cores busy. A writer competing with it at normal priority takes
 CPU time from the middle of its parallel kernels, which can cost the loop more than
@@ -7,6 +7,12 @@ on what the loop leaves idle. Whoever waits for the write gives the thread norma
 priority back first, so waiting for it never takes longer than the write itself. Where
 the policy is not available (other systems, a sandbox refusing it), the thread runs at
 normal priority.
+
+A background write pays off when a core is left for it: training runs on an accelerator,
+or torch's threads leave a core free. When the state is in host memory (training on the
+CPU) and torch's threads take every core the process may use, the writer can only run
+in the middle of the loop's parallel kernels: writing in the foreground costs the loop
+less (``benchmarks/bench_checkpoint.py`` measures both).
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
+
+from ipycloud.runtime.checkpoint.state import map_tensors
 
 
 class BackgroundWrite:
@@ -58,3 +67,22 @@ def _set_idle(native_id: int, idle: bool) -> bool:
     except OSError:
         return False
     return True
+
+
+def background_pays_off(saved: Any) -> bool:
+    """Whether a background writer finds a core that training leaves idle: some tensor of
+    ``saved`` lives on an accelerator, or torch's threads leave a core of this process free."""
+    import torch
+
+    devices: set[str] = set()
+    map_tensors(saved, lambda tensor, _path: devices.add(tensor.device.type))
+    if devices - {"cpu"}:
+        return True
+    return torch.get_num_threads() < _usable_cores()
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity), or the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -17,12 +17,12 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ipycloud._version import __version__
 from ipycloud.runtime._optional import is_available, require
 from ipycloud.runtime.checkpoint import catalog, integrity, rng
-from ipycloud.runtime.checkpoint.background import BackgroundWrite
+from ipycloud.runtime.checkpoint.background import BackgroundWrite, background_pays_off
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
@@ -40,6 +40,7 @@ from ipycloud.runtime.durable import (
 )
 
 Which = str | int
+Blocking = bool | Literal["auto"]
 
 KEEP_LAST = 3  # the newest checkpoints a folder keeps unless told otherwise
 
@@ -79,16 +80,20 @@ class CheckpointManager:
 
     def save(self, state: Mapping[str, Any], step: int, *, epoch: int | None = None,
              data_position: Any = None, metrics: Mapping[str, float] | None = None,
-             tag: str | None = None, blocking: bool = True) -> CheckpointInfo | None:
+             tag: str | None = None, blocking: Blocking = True) -> CheckpointInfo | None:
         """Save ``state`` (names -> live objects) as the checkpoint of ``step``.
 
         With ``blocking=False`` the state is copied to reused host buffers and written by a
         background thread at idle CPU priority; this returns None at once, and ``wait()``
         gives the result. At most one write is in flight: the next call waits for it and
-        raises its failure.
+        raises its failure. ``blocking="auto"`` writes in the background only where that
+        costs a training loop less: the state is on an accelerator, or torch's threads
+        leave a core free; otherwise it writes at once and returns the checkpoint.
         """
         self.wait()
         _check_step(step)
+        if not isinstance(blocking, bool) and blocking != "auto":
+            raise ValueError(f"blocking must be True, False or 'auto', not {blocking!r}")
         catalog.validate_tag(tag)
         checked_metrics = _metrics(metrics)
         position = _json_ready(data_position, "data_position")
@@ -106,7 +111,9 @@ class CheckpointManager:
             "keep_best": None if self.keep_best is None else list(self.keep_best)}
         payload = {"format": catalog.FORMAT, "state": captured.saved, "kinds": captured.kinds,
                    "shapes": captured.shapes, "rng": rng_states}
-        if blocking:
+        in_background = (background_pays_off(captured.saved) if blocking == "auto"
+                         else not blocking)
+        if not in_background:
             return self._write(details, payload)
         payload = self._buffers.copy(payload)
         self._pending = CheckpointInfo(name=catalog.base_name(step, tag),

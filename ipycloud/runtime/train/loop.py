@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.checkpoint import auto
@@ -197,7 +197,7 @@ class _Trainer:
                 self._end_epoch(val_data, time.monotonic() - started, bar)
                 if manager is not None and (manager.keep_best is not None
                                             or self._checkpoint_due()):
-                    self._save(manager, blocking=False)
+                    self._save(manager, blocking="auto")
                 self._pause_if_interrupted(manager, bar)
             self._note_stop(bar)
         self._log(bar)
@@ -209,7 +209,7 @@ class _Trainer:
     def _between_steps(self, manager: Any, bar: Progress) -> None:
         if manager is not None and self._checkpoint_due():
             self._log(bar)  # never checkpoint a NaN unseen
-            self._save(manager, blocking=False)
+            self._save(manager, blocking="auto")
         if self.main:
             self._auto_checkpoint(bar)
         self._pause_if_interrupted(manager, bar)
@@ -453,7 +453,8 @@ class _Trainer:
         return {key: value for key, value in logs.items()
                 if isinstance(value, float) and key != "seconds"}
 
-    def _save(self, manager: Any, blocking: bool) -> None:
+    def _save(self, manager: Any, blocking: bool | Literal["auto"]) -> None:
+        """Save now; ``"auto"`` writes in the background where that costs the loop less."""
         self._saved_at, self._last_save = self._position(), time.monotonic()
         if not self.main:
             return
@@ -461,7 +462,7 @@ class _Trainer:
         manager.save(self._state(), self.step, epoch=self.data.epoch,
                      data_position=self.data.position(), metrics=self._epoch_metrics(),
                      blocking=blocking)
-        if blocking:
+        if blocking is True:
             self._report_checkpoint(manager.wait())
 
     def _auto_checkpoint(self, bar: Progress) -> None:
