@@ -10,8 +10,9 @@ same samples with the same augmentation as the run that was interrupted.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import math
-import operator
 import random
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -102,22 +103,25 @@ class SeededDataset:
         in_worker = torch.utils.data.get_worker_info() is not None
         while True:
             generators = _global_generators()
-            # A worker's generators are its own: they are watched but never put back.
-            kept = [generator for generator in generators
-                    if not (in_worker and generator.name in self.drawn_from)]
-            before = {generator.name: generator.get_state() for generator in kept}
+            watched = [generator for generator in generators
+                       if generator.name not in self.drawn_from]
+            # A worker's generators are its own: only the training process puts them back.
+            kept = [] if in_worker else [generator for generator in generators
+                                         if generator.name in self.drawn_from]
+            marks = [generator.mark() for generator in watched]
+            states = [generator.get_state() for generator in kept]
             items = self._load(keys, generators)
-            newly_drawn = {generator.name for generator in kept
-                           if generator.name not in self.drawn_from
-                           and not generator.same(before[generator.name],
-                                                  generator.get_state())}
-            self.drawn_from |= newly_drawn
-            for generator in kept:
-                if generator.name in self.drawn_from and not in_worker:
-                    generator.set_state(before[generator.name])
-            numpy_imported = len(_global_generators()) > len(generators)
-            if not newly_drawn and not numpy_imported:
+            for generator, state in zip(kept, states, strict=True):
+                generator.set_state(state)
+            newly_drawn = [(generator, mark) for generator, mark in zip(watched, marks,
+                                                                        strict=True)
+                           if generator.mark().key != mark.key]
+            if not newly_drawn and len(_global_generators()) == len(generators):
                 return items
+            for generator, mark in newly_drawn:  # as before the batch, then loaded again
+                if not in_worker:
+                    generator.set_state(mark.state)
+                self.drawn_from.add(generator.name)
 
     def _load(self, keys: Sequence[Key], generators: list[_GlobalGenerator]) -> list[Any]:
         seeded = [generator for generator in generators if generator.name in self.drawn_from]
@@ -131,14 +135,22 @@ class SeededDataset:
         return items
 
 
+class _Mark(NamedTuple):
+    """A generator as read before a batch: ``key`` changes with every draw, ``state``
+    puts the generator back."""
+
+    key: Any
+    state: Any
+
+
 class _GlobalGenerator(NamedTuple):
-    """A process-wide random generator: how to read, restore, seed and compare its state."""
+    """A process-wide random generator: how to read, restore, seed and watch its state."""
 
     name: str
     get_state: Callable[[], Any]
     set_state: Callable[[Any], Any]
     seed: Callable[[int], Any]
-    same: Callable[[Any, Any], bool]
+    mark: Callable[[], _Mark]
 
 
 def _global_generators() -> list[_GlobalGenerator]:
@@ -146,22 +158,73 @@ def _global_generators() -> list[_GlobalGenerator]:
     import torch
 
     generators = [
-        _GlobalGenerator("random", random.getstate, random.setstate, random.seed, operator.eq),
+        _GlobalGenerator("random", random.getstate, random.setstate, random.seed,
+                         _python_mark),
         _GlobalGenerator("torch", torch.get_rng_state, torch.set_rng_state,
-                         torch.default_generator.manual_seed, torch.equal)]
+                         torch.default_generator.manual_seed, _torch_mark)]
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         generators.append(_GlobalGenerator(
             "numpy", numpy.random.get_state, numpy.random.set_state,
-            lambda seed: numpy.random.seed(seed & 0xFFFFFFFF), _same_numpy_state))
+            lambda seed: numpy.random.seed(seed & 0xFFFFFFFF), _numpy_watch(numpy).mark))
     return generators
 
 
-def _same_numpy_state(first: tuple[Any, ...], second: tuple[Any, ...]) -> bool:
-    """Whether two legacy NumPy states (name, key array, position, Gaussian cache) match."""
-    import numpy
+def _python_mark() -> _Mark:
+    state = random.getstate()
+    return _Mark(state, state)
 
-    return first[2:] == second[2:] and bool(numpy.array_equal(first[1], second[1]))
+
+def _torch_mark() -> _Mark:
+    import torch
+
+    state = torch.get_rng_state()
+    return _Mark(state.numpy().tobytes(), state)
+
+
+class _NumpyWatch:
+    """NumPy's legacy global generator, watched through the words of its MT19937 state.
+
+    Copying the 2,500 bytes of words and position takes well under a microsecond; the full
+    state (``get_state``) takes about 30, so it is read only when the words changed. Not
+    in the words: the one Gaussian NumPy's legacy normal draws keep for the next call. A
+    dataset whose only NumPy draw in a batch takes a Gaussian the training code left
+    there, or a kept state whose Gaussian the training code used since, can escape the
+    watch; neither happens unless the training process itself draws from NumPy's legacy
+    global normal distribution.
+    """
+
+    _WORDS = 624 * 4 + 4  # uint32 key[624]; int pos (numpy/random/src/mt19937/mt19937.h)
+
+    def __init__(self, numpy: Any) -> None:
+        self._numpy = numpy
+        try:
+            generator = numpy.random.mtrand._rand._bit_generator
+            self._address: int | None = (generator.ctypes.state_address
+                                         if type(generator).__name__ == "MT19937" else None)
+        except AttributeError:
+            self._address = None
+        self._last: _Mark | None = None
+
+    def mark(self) -> _Mark:
+        if self._address is None:
+            state = self._numpy.random.get_state()
+            return _Mark(_numpy_state_key(state), state)
+        words = ctypes.string_at(self._address, self._WORDS)
+        if self._last is None or self._last.key != words:
+            self._last = _Mark(words, self._numpy.random.get_state())
+        return self._last
+
+
+def _numpy_state_key(state: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A legacy NumPy state (name, key array, position, Gaussian cache) as a comparable value."""
+    return (state[1].tobytes(), *state[2:])
+
+
+@functools.cache
+def _numpy_watch(numpy: Any) -> _NumpyWatch:
+    """The one watch of NumPy's global generator in this process."""
+    return _NumpyWatch(numpy)
 
 
 @contextlib.contextmanager
