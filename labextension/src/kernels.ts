@@ -1,0 +1,135 @@
+/**
+ * The kernels table: which notebook each kernel runs, its RAM, CPU and GPU memory, and a
+ * button that shuts it down.
+ */
+import { IKernel, IKernels } from './api';
+import { element, setAttribute, setText } from './dom';
+import { formatBytes, formatPercent } from './format';
+
+export class KernelsTable {
+  readonly node: HTMLElement;
+
+  /** @param shutDown - called with a kernel when its shut-down button is pressed */
+  constructor(private readonly _shutDown: (kernel: IKernel) => void) {
+    this._body = element('tbody');
+    this._note = element('div', { class: 'ipycloud-Card-note' });
+    const header = element(
+      'tr',
+      {},
+      ...['Kernel', 'State', 'RAM', 'CPU', 'GPU memory', ''].map(title =>
+        element('th', { scope: 'col' }, title)
+      )
+    );
+    this.node = element(
+      'div',
+      { class: 'ipycloud-Kernels' },
+      element(
+        'table',
+        { class: 'ipycloud-Kernels-table', 'data-ipycloud-kernels': '' },
+        element('thead', {}, header),
+        this._body
+      ),
+      this._note
+    );
+  }
+
+  /** Show a new answer; rows of kernels still running are kept, so a click is not lost. */
+  update(answer: IKernels): void {
+    const rows = new Map<string, KernelRow>();
+    for (const kernel of answer.kernels) {
+      const row = this._rows.get(kernel.id) ?? new KernelRow(this._shutDown);
+      row.update(kernel);
+      rows.set(kernel.id, row);
+    }
+    const order = [...rows.values()].map(row => row.node);
+    const shown = Array.from(this._body.children);
+    if (order.length !== shown.length || order.some((node, i) => node !== shown[i])) {
+      this._body.replaceChildren(...order);
+    }
+    this._rows = rows;
+    setText(
+      this._note,
+      !answer.kernels.length
+        ? 'No kernel is running.'
+        : answer.gpu_problem
+          ? `GPU memory per kernel: ${answer.gpu_problem}`
+          : ''
+    );
+  }
+
+  private _body: HTMLElement;
+  private _note: HTMLElement;
+  private _rows = new Map<string, KernelRow>();
+}
+
+/** One kernel's row; its cells are updated in place. */
+class KernelRow {
+  readonly node: HTMLTableRowElement;
+
+  constructor(shutDown: (kernel: IKernel) => void) {
+    const cell = (column: string) => element('td', { 'data-ipycloud-column': column });
+    this._cells = {
+      name: cell('name'),
+      problem: element('div', { class: 'ipycloud-Card-note' }),
+      state: cell('state'),
+      ram: cell('ram'),
+      cpu: cell('cpu'),
+      gpuMemory: cell('gpu-memory')
+    };
+    this._button = element(
+      'button',
+      {
+        class: 'jp-Button jp-mod-styled jp-mod-warn ipycloud-Kernels-shutDown',
+        'data-ipycloud-action': 'shut-down'
+      },
+      'Shut down'
+    );
+    this._button.addEventListener('click', () => {
+      if (this._kernel) {
+        shutDown(this._kernel);
+      }
+    });
+    const { name, problem, state, ram, cpu, gpuMemory } = this._cells;
+    this._label = element('span');
+    name.append(this._label, problem);
+    this.node = element('tr', {}, name, state, ram, cpu, gpuMemory, element('td', {}, this._button));
+  }
+
+  update(kernel: IKernel): void {
+    this._kernel = kernel;
+    const cells = this._cells;
+    setAttribute(this.node, 'data-ipycloud-kernel-id', kernel.id);
+    setAttribute(this.node, 'data-ipycloud-kernel-path', kernel.path ?? '');
+    setText(this._label, kernelName(kernel));
+    setAttribute(cells.name, 'title', kernelTitle(kernel));
+    setText(cells.problem, kernel.problem ?? '');
+    setText(cells.state, kernel.execution_state);
+    setText(cells.ram, formatBytes(kernel.rss));
+    setText(cells.cpu, formatPercent(kernel.cpu_percent));
+    setText(cells.gpuMemory, gpuMemory(kernel));
+    setAttribute(this._button, 'title', `Shut down the kernel of ${kernelName(kernel)}`);
+  }
+
+  private _kernel: IKernel | null = null;
+  private _label: HTMLElement;
+  private _button: HTMLButtonElement;
+  private _cells: Record<'name' | 'problem' | 'state' | 'ram' | 'cpu' | 'gpuMemory', HTMLElement>;
+}
+
+/** The notebook's or console's path, else the kernel's name. */
+export function kernelName(kernel: IKernel): string {
+  return kernel.path ?? `${kernel.name} (${kernel.id.slice(0, 8)})`;
+}
+
+function kernelTitle(kernel: IKernel): string {
+  const pid = kernel.pid === null ? 'no local process' : `PID ${kernel.pid}`;
+  return `${kernel.type ?? 'kernel'} ${kernel.name}, ${pid}, ${kernel.processes} process(es)`;
+}
+
+/** `0: 3.1 GiB, 1: 512 MiB`, or `–` when the kernel holds no GPU memory. */
+function gpuMemory(kernel: IKernel): string {
+  if (!kernel.gpu_memory.length) {
+    return '–';
+  }
+  return kernel.gpu_memory.map(entry => `${entry.gpu}: ${formatBytes(entry.used)}`).join(', ');
+}
