@@ -512,7 +512,7 @@ def test_bad_steps_are_value_errors(tmp_path: Path, step: Any) -> None:
 def test_steps_beyond_the_names_nine_digits_are_refused(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "run")
     manager.save({"x": 1}, step=999_999_999)
-    with pytest.raises(ValueError, match="at most 999999999 .*nine digits.*not 1000000000"):
+    with pytest.raises(ValueError, match=r"at most 999999999 .*nine digits.*not 1000000000"):
         manager.save({"x": 1}, step=1_000_000_000)
     assert [info.step for info in manager.list()] == [999_999_999]
 

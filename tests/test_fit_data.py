@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +89,16 @@ def test_loading_data_leaves_the_training_generators_alone() -> None:
     assert torch.equal(torch.rand(3), expected)  # dropout draws as if no data were loaded
 
 
+GLOBAL_DRAWS: dict[str, Callable[[], float]] = {
+    "random": random.random, "numpy": lambda: float(np.random.random()),
+    "torch": lambda: float(torch.rand(()))}
+
+
 class DrawsLate(Dataset):
     """Items 0..n-1 that draw from one global generator, from item ``first_drawing`` on."""
 
-    DRAWS = {"random": random.random, "numpy": lambda: float(np.random.random()),
-             "torch": lambda: float(torch.rand(()))}
-
     def __init__(self, generator: str, first_drawing: int) -> None:
-        self.draw, self.first_drawing = self.DRAWS[generator], first_drawing
+        self.draw, self.first_drawing = GLOBAL_DRAWS[generator], first_drawing
 
     def __len__(self) -> int:
         return 24
@@ -106,10 +109,10 @@ class DrawsLate(Dataset):
 
 
 def global_draws() -> list[float]:
-    return [draw() for draw in DrawsLate.DRAWS.values()]
+    return [draw() for draw in GLOBAL_DRAWS.values()]
 
 
-@pytest.mark.parametrize("generator", list(DrawsLate.DRAWS))
+@pytest.mark.parametrize("generator", list(GLOBAL_DRAWS))
 def test_a_generator_first_drawn_from_late_is_seeded_like_the_others(generator: str) -> None:
     def load(global_seed: int, skipped_batches: int) -> tuple[torch.Tensor, list[float]]:
         """Items 10.. of an epoch in batches of 4, and the global draws right after."""

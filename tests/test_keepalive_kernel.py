@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +14,7 @@ import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
+from jupyter_process import JupyterProcess
 from kernels import kernel, run
 from waiting import wait_for
 
@@ -115,62 +111,16 @@ def notices_shown(client: BlockingKernelClient, cell: str) -> tuple[str, list[st
 CULL_AFTER = 6  # seconds without activity before the server shuts a kernel down
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class Server:
-    """A ``jupyter server`` subprocess, spoken to over REST and kernel websockets."""
+class Server(JupyterProcess):
+    """A ``jupyter server`` that culls idle kernels, spoken to over REST and websockets."""
 
     def __init__(self, root: Path) -> None:
-        self.port, self.token = free_port(), secrets.token_hex(16)
-        self.log = root / "server.log"
-        self._log_file = self.log.open("wb")
-        env = {**os.environ, "JUPYTER_CONFIG_DIR": str(root / "config"),
-               "JUPYTER_RUNTIME_DIR": str(root / "runtime"), "IPYTHONDIR": str(root / "ipython")}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", f"--port={self.port}",
-             "--ServerApp.port_retries=0", "--ServerApp.ip=127.0.0.1",
-             "--ServerApp.open_browser=False", "--ServerApp.allow_root=True",
-             f"--IdentityProvider.token={self.token}",
-             f"--ServerApp.root_dir={root}",
-             f"--MappingKernelManager.cull_idle_timeout={CULL_AFTER}",
-             "--MappingKernelManager.cull_interval=1"],
-            env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=self._log_file)
-
-    def api(self, path: str, method: str = "GET", body: object = None) -> Any:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/api/{path}", method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(request, timeout=10) as response:
-            text = response.read()
-        return json.loads(text) if text else None
-
-    def wait_ready(self) -> None:
-        def answers() -> bool:
-            assert self.process.poll() is None, f"jupyter server exited: {self.log.read_text()}"
-            try:
-                return bool(self.api("status"))
-            except OSError:
-                return False
-
-        wait_for(answers, 60, "the jupyter server to answer")
+        super().__init__(root, root, arguments=[
+            f"--MappingKernelManager.cull_idle_timeout={CULL_AFTER}",
+            "--MappingKernelManager.cull_interval=1"])
 
     def kernels(self) -> dict[str, dict[str, Any]]:
-        return {model["id"]: model for model in self.api("kernels")}
-
-    def close(self) -> None:
-        """Stop the server; it shuts its kernels down on SIGTERM."""
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log_file.close()
+        return {model["id"]: model for model in self.api("api/kernels")}
 
     def execute(self, kernel_id: str, code: str) -> list[dict[str, Any]]:
         """Run ``code`` over the kernel's websocket as a frontend does; the messages seen.
@@ -210,8 +160,8 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def test_keepalive_keeps_a_kernel_from_being_culled(server: Server) -> None:
-    guarded = server.api("kernels", "POST", {"name": "python3"})["id"]
-    control = server.api("kernels", "POST", {"name": "python3"})["id"]
+    guarded = server.api("api/kernels", "POST", {"name": "python3"})["id"]
+    control = server.api("api/kernels", "POST", {"name": "python3"})["id"]
     server.execute(control, "%load_ext ipycloud")
     messages = server.execute(guarded, "%load_ext ipycloud\n%keepalive start --interval 1")
     replies = [message for message in messages if message["msg_type"] == "execute_reply"]
