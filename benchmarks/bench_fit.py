@@ -20,17 +20,19 @@ timed from the call (its setup included), the other loops from their first batch
 (``Accelerator.prepare`` left out). Each round runs the three loops one after the other,
 the order rotated from round to round, so that drift on a shared machine hits all alike;
 each figure is the median of the rounds, the spread their minimum and maximum, and every
-sample is kept in the JSON. One untimed round warms allocators and kernels first. Steps/s
-are of wall-clock time; the same ratio of this process's CPU time is given beside it (all
-loops run in the one thread), as it counts no time spent waiting for a core that another
-process holds.
+sample is kept in the JSON. The goal is judged on the paired ratio: the median of each
+round's fit/hand-written, the two runs of a round being seconds apart, so drift between
+rounds (this VM's speed swings by 10% within minutes) cancels out. One untimed round
+warms allocators and kernels first. Steps/s are of wall-clock time; the same ratio of
+this process's CPU time is given beside it (all loops run in the one thread), as it
+counts no time spent waiting for a core that another process holds.
 
 Resume: after a restart, a mid-epoch resume at batch 50,000 of a map-style dataset reaches
 its first new step in under one second plus the checkpoint load.
 
 Needs ``pip install accelerate`` for accelerate's loop and ``pip install transformers``
 (in ``ipycloud[test]``) for the BERT model; without them those figures are left out.
-Run: ``python benchmarks/bench_fit.py [--quick]`` (about 3 minutes; ``--quick``: fewer
+Run: ``python benchmarks/bench_fit.py [--quick]`` (about 5 minutes; ``--quick``: fewer
 rounds and steps, about 1 minute); results go to ``benchmarks/results/fit.json``.
 """
 
@@ -57,7 +59,7 @@ from ipycloud.runtime.train.loop import fit
 
 RESULTS = Path(__file__).parent / "results" / "fit.json"
 THREADS = 1
-ROUNDS, QUICK_ROUNDS = 7, 3
+ROUNDS, QUICK_ROUNDS = 11, 3
 LOG_EVERY = 10  # steps between reads of the loss, in every loop (fit's default)
 GOAL_FIT_VS_HAND_WRITTEN = 0.97
 RESUME_AT_BATCH = 50_000
@@ -233,12 +235,15 @@ def measure(case: Case, loops: list[str], rounds: int, steps: int) -> dict[str, 
             rates[name].append(wall)
             cpu_rates[name].append(cpu)
     medians = {name: statistics.median(values) for name, values in rates.items()}
+    paired = [fit / hand for fit, hand in zip(rates["fit"], rates["hand_written"], strict=True)]
     cpu_medians = {name: statistics.median(values) for name, values in cpu_rates.items()}
     figures: dict[str, Any] = {
         "description": case.description, "steps_per_run": steps, "batch": case.batch,
         "steps_per_s": medians,
         "spread_min_max": {name: [min(values), max(values)] for name, values in rates.items()},
         "fit_vs_hand_written": medians["fit"] / medians["hand_written"],
+        "fit_vs_hand_written_paired": statistics.median(paired),
+        "fit_vs_hand_written_paired_spread": [min(paired), max(paired)],
         "cpu_steps_per_s": cpu_medians,
         "fit_vs_hand_written_cpu": cpu_medians["fit"] / cpu_medians["hand_written"],
     }
@@ -300,11 +305,13 @@ def _versions(*packages: str) -> dict[str, str | None]:
 
 
 def _table(models: dict[str, dict[str, Any]], rounds: int) -> list[str]:
-    ratios = (("fit/hand", "fit_vs_hand_written"), ("fit/acc", "fit_vs_accelerate"),
+    ratios = (("fit/hand", "fit_vs_hand_written"), ("paired", "fit_vs_hand_written_paired"),
+              ("fit/acc", "fit_vs_accelerate"),
               ("acc/hand", "accelerate_vs_hand_written"),
               ("fit/hand cpu", "fit_vs_hand_written_cpu"))
-    lines = [f"steps/s, median of {rounds} interleaved rounds [min-max]; ratios of the medians; "
-             f"goal: fit/hand >= {GOAL_FIT_VS_HAND_WRITTEN}",
+    lines = [f"steps/s, median of {rounds} interleaved rounds [min-max]; ratios of the medians, "
+             "and 'paired': the median of each round's fit/hand; goal: paired fit/hand >= "
+             f"{GOAL_FIT_VS_HAND_WRITTEN}",
              f"{'model':<6}" + "".join(f"{name.replace('_', '-'):>22}" for name in LOOPS)
              + "".join(f"{title:>13}" for title, _ in ratios)]
     for name, figures in models.items():
@@ -317,7 +324,7 @@ def _table(models: dict[str, dict[str, Any]], rounds: int) -> list[str]:
             line += f"{figures['steps_per_s'][loop]:.1f} [{low:.1f}-{high:.1f}]".rjust(22)
         line += "".join(f"{figures[key]:>13.3f}" if key in figures else f"{'-':>13}"
                         for _, key in ratios)
-        met = figures["fit_vs_hand_written"] >= GOAL_FIT_VS_HAND_WRITTEN
+        met = figures["fit_vs_hand_written_paired"] >= GOAL_FIT_VS_HAND_WRITTEN
         lines.append(line + ("  met" if met else "  MISSED"))
     return lines
 
