@@ -236,3 +236,79 @@ def _tightest(values: Iterable[_N | None]) -> _N | None:
 def _safe_parts(cgroup_path: str) -> list[str]:
     """Path components of a cgroup path, without anything that could climb out of the mount."""
     return [part for part in PurePosixPath(cgroup_path).parts if part not in ("/", ".", "..")]
+
+
+class CpuThrottling(NamedTuple):
+    """The CFS bandwidth counters of ``cpu.stat``: enforcement periods, and those throttled."""
+
+    periods: int  # nr_periods
+    throttled: int  # nr_throttled
+
+
+def throttled_percent(before: CpuThrottling | None, after: CpuThrottling | None) -> float | None:
+    """The share of enforcement periods throttled between two readings, 0-100.
+
+    None when either reading is missing or the counters went back (a new cgroup); 0 when no
+    period ran (nothing asked for CPU, so nothing was held back).
+    """
+    if before is None or after is None:
+        return None
+    periods, throttled = after.periods - before.periods, after.throttled - before.throttled
+    if periods < 0 or throttled < 0:
+        return None
+    return min(throttled / periods * 100, 100.0) if periods else 0.0
+
+
+class CgroupCounters:
+    """Counters of this process's cgroup that only grow: CPU throttling, the RAM peak and
+    the OOM kills. Each read opens one small file; a file that is not there gives None.
+
+    Throttling is read where the binding CPU quota is set (none without a quota); the peak
+    and the OOM kills where the memory in use is counted.
+    """
+
+    def __init__(self, cpu_stat: Path | None, memory_peak: Path | None,
+                 oom_events: Path | None) -> None:
+        self._cpu_stat, self._memory_peak, self._oom_events = cpu_stat, memory_peak, oom_events
+
+    def throttling(self) -> CpuThrottling | None:
+        """``nr_periods`` and ``nr_throttled`` of ``cpu.stat`` (v2 and v1 alike)."""
+        text = None if self._cpu_stat is None else read_text(self._cpu_stat)
+        periods = _stat_value(text, "nr_periods")
+        throttled = _stat_value(text, "nr_throttled")
+        return None if periods is None or throttled is None else CpuThrottling(periods, throttled)
+
+    def memory_peak(self) -> int | None:
+        """The most memory the cgroup ever used, in bytes (``memory.peak`` in v2, Linux 5.19
+        on; ``memory.max_usage_in_bytes`` in v1)."""
+        return None if self._memory_peak is None else _parse_count(read_text(self._memory_peak))
+
+    def oom_kills(self) -> int | None:
+        """Processes of the cgroup killed by an OOM killer so far (``oom_kill`` of
+        ``memory.events`` in v2, of ``memory.oom_control`` in v1, Linux 4.13 on)."""
+        if self._oom_events is None:
+            return None
+        return _stat_value(read_text(self._oom_events), "oom_kill")
+
+
+def read_cgroup_counters(root: str | os.PathLike[str] = "/") -> CgroupCounters:
+    """Find the files of this process's cgroup counters once; ``root`` as for read_cgroup."""
+    mount = Path(root) / _MOUNT
+    self_cgroup = read_text(Path(root) / _SELF_CGROUP) or ""
+    if is_file(mount / "cgroup.controllers"):
+        folders = _v2_folders(mount, self_cgroup)
+        memory_dir = next((f for f in folders if is_file(f / "memory.current")), None)
+        quotas = [(cores, f) for f in folders
+                  if (cores := _parse_cpu_max(read_text(f / "cpu.max"))) is not None]
+        quota_dir = min(quotas, key=lambda pair: pair[0])[1] if quotas else None
+        return CgroupCounters(
+            None if quota_dir is None else quota_dir / "cpu.stat",
+            None if memory_dir is None else memory_dir / "memory.peak",
+            None if memory_dir is None else memory_dir / "memory.events")
+    paths = _v1_paths(self_cgroup)
+    memory_dir = _v1_folder(mount, ("memory",), paths.get("memory", "/"))
+    cpu_dir = _v1_folder(mount, _V1_CPU_MOUNTS, paths.get("cpu", "/"))
+    return CgroupCounters(
+        cpu_dir / "cpu.stat" if cpu_dir is not None and _v1_cpu_limit(cpu_dir) else None,
+        None if memory_dir is None else memory_dir / "memory.max_usage_in_bytes",
+        None if memory_dir is None else memory_dir / "memory.oom_control")
