@@ -397,3 +397,84 @@ class GpuReader:
 def _reading(nvml: ModuleType, index: int, handle: Any, name: str,
              power_limit_w: float | None) -> LiveGpu:
     return LiveGpu(index, name, power_limit_w, _live(nvml, handle))
+
+
+def unavailable_reason() -> str | None:
+    """Why NVML cannot be used here (no library, no driver, driver not loaded), or None when
+    it can. Initialises NVML on first use, as every query does."""
+    try:
+        _nvml()
+    except NvmlUnavailable as error:
+        return str(error)
+    return None
+
+
+class MigMemory(NamedTuple):
+    """The memory of one MIG instance at the moment of the reading."""
+
+    uuid: str | None
+    memory_used: int | None  # bytes
+    memory_total: int | None  # bytes
+
+
+class GpuDetail(NamedTuple):
+    """What ``GpuReader`` leaves out of a GPU's reading: its UUID, the memory of its MIG
+    instances and the processes holding memory on it."""
+
+    cuda_index: int  # the CUDA ordinal as this process sees it
+    uuid: str | None
+    mig: tuple[MigMemory, ...]  # () without MIG
+    processes: tuple[GpuProcess, ...] | None  # None when the driver cannot list them
+
+
+class GpuDetailReader:
+    """UUIDs, MIG instance memory and compute processes of every visible GPU, in the same
+    CUDA order as ``GpuReader``: a monitor reads both and joins them by ``cuda_index``.
+
+    UUIDs and MIG handles are looked up once per NVML initialisation; each reading then
+    makes one memory call per MIG instance and two process calls per GPU. ``hidden`` is
+    how many GPUs CUDA_VISIBLE_DEVICES hides. Not thread-safe: one reader per thread.
+    """
+
+    def __init__(self) -> None:
+        self._generation = 0
+        self.hidden = 0
+        # (CUDA ordinal, handle, uuid, ((MIG uuid, MIG handle), ...))
+        self._devices: tuple[tuple[int, Any, str | None, tuple[tuple[str | None, Any], ...]],
+                             ...] = ()
+
+    def read(self) -> tuple[GpuDetail, ...]:
+        """The details of each visible GPU; () without NVML. Never raises."""
+        try:
+            nvml = _nvml()
+        except NvmlUnavailable:
+            return ()
+        if self._generation != _generation:
+            found = _look_up(nvml)
+            self._devices = tuple(
+                (cuda_index, found.handles[nvml_index], found.uuids[nvml_index],
+                 _mig_handles(nvml, found.handles[nvml_index])
+                 if found.mig_modes[nvml_index] else ())
+                for cuda_index, nvml_index in enumerate(found.order))
+            self.hidden = len(found.handles) - len(found.order)
+            self._generation = _generation
+        return tuple(
+            GpuDetail(cuda_index, uuid,
+                      tuple(_mig_memory(nvml, mig_uuid, mig) for mig_uuid, mig in migs),
+                      _processes(nvml, handle))
+            for cuda_index, handle, uuid, migs in self._devices)
+
+
+def _mig_handles(nvml: ModuleType, handle: Any) -> tuple[tuple[str | None, Any], ...]:
+    """(UUID, handle) of each MIG instance of a GPU with MIG on."""
+    slots = range(_query(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0)
+    migs = (_query(nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+            for slot in slots)
+    return tuple((_text(nvml, nvml.nvmlDeviceGetUUID, mig), mig) for mig in migs
+                 if mig is not None)
+
+
+def _mig_memory(nvml: ModuleType, uuid: str | None, handle: Any) -> MigMemory:
+    memory = _query(nvml, nvml.nvmlDeviceGetMemoryInfo, handle)
+    return MigMemory(uuid, None if memory is None else memory.used,
+                     None if memory is None else memory.total)
