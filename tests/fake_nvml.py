@@ -94,6 +94,8 @@ def _no_power_no_clocks() -> FakeGpu:
 
 BOARDS: dict[str, FakeBoard] = {
     "no-driver": FakeBoard([], init_error=real.NVML_ERROR_LIBRARY_NOT_FOUND),
+    # The library loads but the kernel module is not loaded (a container without the GPU).
+    "driver-not-loaded": FakeBoard([], init_error=real.NVML_ERROR_DRIVER_NOT_LOADED),
     "no-gpu": FakeBoard([]),
     "1xT4": FakeBoard([_t4()]),
     "2xA100-MIG": FakeBoard([_a100_mig(0, 3), _a100_mig(1, 2)], driver="525.85.12",
