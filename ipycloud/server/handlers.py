@@ -1,0 +1,139 @@
+"""The request handlers of the routes: each reads what the sampler thread and the kernel
+watch already hold, and answers JSON. Every verb is ``@tornado.web.authenticated`` and then
+authorised by the server's authorizer for the ``ipycloud`` resource, so a server that refuses
+unauthenticated access loads them without complaint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from ipycloud.server.events import DeathRecorder
+from ipycloud.server.kernels import KernelWatch
+from ipycloud.server.monitor import ServerMonitor
+from ipycloud.server.payloads import reading
+
+AUTH_RESOURCE = "ipycloud"
+SETTINGS_KEY = "ipycloud"  # the web app's setting holding the Services below
+
+
+class Services:
+    """What the handlers read: the monitor, the kernel watch and the death events."""
+
+    def __init__(self, monitor: ServerMonitor, kernels: KernelWatch,
+                 events: DeathRecorder) -> None:
+        self.monitor, self.kernels, self.events = monitor, kernels, events
+
+
+class BadRequest(ValueError):
+    """A parameter the route cannot use: answered 400 with this message."""
+
+
+class _Handler(APIHandler):
+    auth_resource = AUTH_RESOURCE
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.settings[SETTINGS_KEY]
+        return services
+
+    def answer(self, body: object, status: int = 200) -> None:
+        """Finish with ``body`` as JSON."""
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+    def since(self) -> float | None:
+        """The ``since`` parameter as a Unix time; None when absent."""
+        text = self.get_query_argument("since", None)
+        if text is None:
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise BadRequest(f"since must be a finite number (a Unix time in seconds), "
+                             f"not {text!r}")
+        return value
+
+
+class ReadingHandler(_Handler):
+    """GET reading: the latest sample."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        monitor = self.services.monitor
+        self.answer(reading(await monitor.current(), monitor.interval))
+
+
+class HistoryHandler(_Handler):
+    """GET history?since=T: the samples kept after T."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            since = self.since()
+        except BadRequest as error:
+            self.answer({"message": str(error)}, 400)
+            return
+        monitor = self.services.monitor
+        loop = asyncio.get_running_loop()
+        # An hour of samples is thousands of objects: turned into JSON off the event loop.
+        body = await loop.run_in_executor(None, _history_json, monitor, since)
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
+
+
+class KernelsHandler(_Handler):
+    """GET kernels: every running kernel with its use of the machine."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        table = await self.services.kernels.table()
+        self.answer({"gpu_problem": _gpu_problem(self.services.monitor), "kernels": table})
+
+
+class KernelHandler(_Handler):
+    """GET kernels/<id>: one running kernel."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, kernel_id: str) -> None:
+        entry = await self.services.kernels.entry(kernel_id)
+        if entry is None:
+            self.answer({"message": f"no running kernel has the id {kernel_id!r}"}, 404)
+            return
+        self.answer(entry)
+
+
+class EventsHandler(_Handler):
+    """GET events?since=T: kernel deaths after T."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        try:
+            since = self.since()
+        except BadRequest as error:
+            self.answer({"message": str(error)}, 400)
+            return
+        self.answer({"events": self.services.events.since(since)})
+
+
+def _history_json(monitor: ServerMonitor, since: float | None) -> str:
+    samples = [reading(sample, monitor.interval) for sample in monitor.history(since)]
+    return json.dumps({"interval_s": monitor.interval, "samples": samples})
+
+
+def _gpu_problem(monitor: ServerMonitor) -> str | None:
+    latest = monitor.latest()
+    return None if latest is None else latest.gpu_problem
