@@ -53,3 +53,23 @@ def test_public_names_load_on_first_use() -> None:
     assert ipycloud.detect_platform().key
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = ipycloud.nope
+
+
+SERVER = {"jupyter_server", "tornado", "jupyter_client"}
+
+
+def test_import_ipycloud_imports_no_jupyter_server() -> None:
+    """jupyter_server is no dependency of the package: only the server loads it."""
+    assert imported_modules("import ipycloud") & SERVER == set()
+
+
+def test_the_server_extension_hooks_import_no_jupyter_server() -> None:
+    """``jupyter server extension list`` imports the hooks' module to check it: that, and
+    asking for the extension points, import nothing of the server."""
+    code = "import ipycloud.server as s; s._jupyter_server_extension_points()"
+    assert imported_modules(code) & SERVER == set()
+
+
+def test_the_server_measurement_sees_jupyter_server() -> None:
+    """The checks above can fail: loading the routes imports jupyter_server."""
+    assert "jupyter_server" in imported_modules("import ipycloud.server.routes")
