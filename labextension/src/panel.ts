@@ -239,8 +239,8 @@ export class ResourcePanel extends Widget {
   private _ram = new MetricRow('RAM', 'ram');
   private _ramNote = element('div', { class: 'ipycloud-Card-note' });
   private _disks = element('div', { class: 'ipycloud-Panel-disks' });
-  private _disksShown = '';
+  private _disksShown: string | null = null;
   private _kernels: KernelsTable;
   private _events = element('ul', { class: 'ipycloud-Panel-events' });
-  private _eventsShown = '';
+  private _eventsShown: string | null = null;
 }

@@ -94,7 +94,8 @@ export class StatusItem extends Widget {
 
   private _gpu(gpu: IGpuReading, parts: Set<string>): HTMLElement {
     const words = [`GPU${gpu.index}`];
-    if (parts.has('gpu-utilization')) {
+    // NVML gives no utilisation while MIG is on: the memory says more then.
+    if (parts.has('gpu-utilization') && gpu.utilization_percent !== null) {
       words.push(formatPercent(gpu.utilization_percent));
     }
     if (parts.has('gpu-memory')) {
