@@ -222,6 +222,17 @@ def test_the_host_probe_adds_what_a_shared_view_needs(
     assert probe.read().cpu_throttled_percent == 0.0  # nothing ran in between
 
 
+def test_without_a_memory_limit_ram_is_the_hosts_and_has_no_cgroup_peak(
+        board, tmp_path: Path) -> None:
+    board("no-gpu")
+    make_v2(tmp_path, {"memory.max": "max\n", "memory.current": f"{GIB}\n",
+                       "memory.peak": f"{GIB}\n", "memory.events": V2_EVENTS.format(1)})
+    probe = HostProbe(tmp_path)
+    sample = probe.read()
+    assert (sample.ram_limited, sample.ram_peak, sample.oom_kills) == (False, None, 1)
+    assert probe.memory_counters() == (1, None)
+
+
 @pytest.mark.parametrize(("which", "problem"), [
     ("no-gpu", "NVML sees no GPU on this machine"),
     ("hidden", "CUDA_VISIBLE_DEVICES hides all 8 GPUs from the server"),

@@ -38,7 +38,7 @@ class HostSample(Sample):
     session_left_s: float | None = None  # until the platform's session limit; None: no limit
     cpu_cores: float | None = None  # usable cores: the cgroup quota, else the CPUs allowed
     cpu_throttled_percent: float | None = None  # periods throttled since the last reading
-    ram_peak: int | None = None  # the cgroup's highest use so far (memory.peak)
+    ram_peak: int | None = None  # the cgroup's highest use so far; None without its limit
     oom_kills: int | None = None  # the cgroup's OOM-kill counter
     gpu_problem: str | None = None  # why no GPU is listed, or why one lists no processes
     gpu_details: tuple[GpuDetail, ...] = ()  # by CUDA ordinal, as ``gpus``
@@ -67,6 +67,8 @@ class HostProbe:
         self._probe = Probe(base, clock, working=self._folders[0][1],
                             persistent=self._folders[1][1])
         self._counters = read_cgroup_counters(base)
+        # The peak is the cgroup's: it goes with RAM figures that are the cgroup's too.
+        self._peak_applies = limits.memory_limit is not None
         self._throttling = self._counters.throttling()
         self.cores = usable_cpus(limits) or float(os.cpu_count() or 1)
         self._trees = TreeMeter(self.cores)
@@ -96,7 +98,7 @@ class HostProbe:
                 "session_left_s": self._session_left(sample.time),
                 "cpu_cores": self.cores,
                 "cpu_throttled_percent": throttled,
-                "ram_peak": self._counters.memory_peak(),
+                "ram_peak": self._ram_peak(),
                 "oom_kills": self._counters.oom_kills(),
                 "gpu_problem": self._gpu_problem(sample, details),
                 "gpu_details": details,
@@ -105,7 +107,11 @@ class HostProbe:
 
     def memory_counters(self) -> tuple[int | None, int | None]:
         """The cgroup's OOM-kill counter and RAM peak, read now (any thread)."""
-        return self._counters.oom_kills(), self._counters.memory_peak()
+        return self._counters.oom_kills(), self._ram_peak()
+
+    def _ram_peak(self) -> int | None:
+        """The cgroup's RAM peak; None when RAM is measured on the host (no cgroup limit)."""
+        return self._counters.memory_peak() if self._peak_applies else None
 
     def _session_left(self, now: float) -> float | None:
         limit = self.platform.session_limit_s
