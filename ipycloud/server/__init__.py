@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ipycloud._version import __version__  # shown by ``jupyter server extension list``
+
+__all__ = ["__version__"]
+
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     """The extension points of this package: this module."""
