@@ -2,6 +2,8 @@
  * The kernels table: which notebook each kernel runs, its RAM, CPU and GPU memory, and a
  * button that shuts it down.
  */
+import { stopIcon } from '@jupyterlab/ui-components';
+
 import { IKernel, IKernels } from './api';
 import { element, setAttribute, setText } from './dom';
 import { formatBytes, formatPercent } from './format';
@@ -13,20 +15,12 @@ export class KernelsTable {
   constructor(private readonly _shutDown: (kernel: IKernel) => void) {
     this._body = element('tbody');
     this._note = element('div', { class: 'ipycloud-Card-note' });
-    const header = element(
-      'tr',
-      {},
-      ...['Kernel', 'State', 'RAM', 'CPU', 'GPU memory', ''].map(title =>
-        element('th', { scope: 'col' }, title)
-      )
-    );
     this.node = element(
       'div',
       { class: 'ipycloud-Kernels' },
       element(
         'table',
         { class: 'ipycloud-Kernels-table', 'data-ipycloud-kernels': '' },
-        element('thead', {}, header),
         this._body
       ),
       this._note
@@ -67,53 +61,60 @@ class KernelRow {
   readonly node: HTMLTableRowElement;
 
   constructor(shutDown: (kernel: IKernel) => void) {
-    const cell = (column: string) => element('td', { 'data-ipycloud-column': column });
+    const figure = (column: string) => element('span', { 'data-ipycloud-column': column });
     this._cells = {
-      name: cell('name'),
-      problem: element('div', { class: 'ipycloud-Card-note' }),
-      state: cell('state'),
-      ram: cell('ram'),
-      cpu: cell('cpu'),
-      gpuMemory: cell('gpu-memory')
+      label: element('div', { class: 'ipycloud-Kernels-path', 'data-ipycloud-column': 'name' }),
+      state: figure('state'),
+      ram: figure('ram'),
+      cpu: figure('cpu'),
+      gpuMemory: figure('gpu-memory'),
+      problem: element('div', { class: 'ipycloud-Card-note' })
     };
-    this._button = element(
-      'button',
-      {
-        class: 'jp-Button jp-mod-styled jp-mod-warn ipycloud-Kernels-shutDown',
-        'data-ipycloud-action': 'shut-down'
-      },
-      'Shut down'
-    );
+    this._button = element('button', {
+      class: 'jp-Button jp-mod-minimal ipycloud-Kernels-shutDown',
+      'data-ipycloud-action': 'shut-down'
+    });
+    this._button.append(stopIcon.element({ tag: 'span' }));
     this._button.addEventListener('click', () => {
       if (this._kernel) {
         shutDown(this._kernel);
       }
     });
-    const { name, problem, state, ram, cpu, gpuMemory } = this._cells;
-    this._label = element('span');
-    name.append(this._label, problem);
-    this.node = element('tr', {}, name, state, ram, cpu, gpuMemory, element('td', {}, this._button));
+    const { label, state, ram, cpu, gpuMemory, problem } = this._cells;
+    this._name = element(
+      'td',
+      {},
+      label,
+      element('div', { class: 'ipycloud-Kernels-figures' }, state, ram, cpu, gpuMemory),
+      problem
+    );
+    this.node = element('tr', {}, this._name, element('td', {}, this._button));
   }
 
   update(kernel: IKernel): void {
     this._kernel = kernel;
     const cells = this._cells;
+    const name = kernelName(kernel);
     setAttribute(this.node, 'data-ipycloud-kernel-id', kernel.id);
     setAttribute(this.node, 'data-ipycloud-kernel-path', kernel.path ?? '');
-    setText(this._label, kernelName(kernel));
-    setAttribute(cells.name, 'title', kernelTitle(kernel));
-    setText(cells.problem, kernel.problem ?? '');
+    setAttribute(this._name, 'title', kernelTitle(kernel));
+    setText(cells.label, name);
     setText(cells.state, kernel.execution_state);
-    setText(cells.ram, formatBytes(kernel.rss));
-    setText(cells.cpu, formatPercent(kernel.cpu_percent));
-    setText(cells.gpuMemory, gpuMemory(kernel));
-    setAttribute(this._button, 'title', `Shut down the kernel of ${kernelName(kernel)}`);
+    setText(cells.ram, `RAM ${formatBytes(kernel.rss)}`);
+    setText(cells.cpu, `CPU ${formatPercent(kernel.cpu_percent)}`);
+    setText(cells.gpuMemory, `GPU ${gpuMemory(kernel)}`);
+    setText(cells.problem, kernel.problem ?? '');
+    setAttribute(this._button, 'title', `Shut down the kernel of ${name}`);
+    setAttribute(this._button, 'aria-label', `Shut down the kernel of ${name}`);
   }
 
   private _kernel: IKernel | null = null;
-  private _label: HTMLElement;
   private _button: HTMLButtonElement;
-  private _cells: Record<'name' | 'problem' | 'state' | 'ram' | 'cpu' | 'gpuMemory', HTMLElement>;
+  private _name: HTMLElement;
+  private _cells: Record<
+    'label' | 'state' | 'ram' | 'cpu' | 'gpuMemory' | 'problem',
+    HTMLElement
+  >;
 }
 
 /** The notebook's or console's path, else the kernel's name. */
@@ -126,7 +127,7 @@ function kernelTitle(kernel: IKernel): string {
   return `${kernel.type ?? 'kernel'} ${kernel.name}, ${pid}, ${kernel.processes} process(es)`;
 }
 
-/** `0: 3.1 GiB, 1: 512 MiB`, or `–` when the kernel holds no GPU memory. */
+/** `0: 3.1 GiB, 1: 512 MiB` (per GPU index), `–` when the kernel holds no GPU memory. */
 function gpuMemory(kernel: IKernel): string {
   if (!kernel.gpu_memory.length) {
     return '–';
