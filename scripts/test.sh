@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 # torch is pinned to the CPU build; a bare "torch" would pull a multi-GB CUDA build.
+# The editable install also builds the lab extension (labextension/, node 20) when its
+# sources are newer than ipycloud/labextension/; under CI=true its yarn.lock is immutable.
 .venv/bin/python -m pip install --quiet -e '.[test]' 'torch==2.13.0'
 # The layers (pyproject.toml [tool.importlinter]): a back-edge between them fails here.
 .venv/bin/lint-imports --no-cache
