@@ -58,13 +58,14 @@ export interface IHistory {
 
 export interface IKernel {
   id: string;
-  name: string;
+  name: string | null;
   path: string | null;
   type: string | null;
-  execution_state: string;
+  execution_state: string | null;
   pid: number | null;
   problem: string | null;
-  processes: number;
+  /** The kernel and its children; `null` before the server saw the process. */
+  processes: number | null;
   rss: number | null;
   cpu_percent: number | null;
   gpu_memory: { gpu: number; used: number }[];

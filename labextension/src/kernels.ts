@@ -99,7 +99,7 @@ class KernelRow {
     setAttribute(this.node, 'data-ipycloud-kernel-path', kernel.path ?? '');
     setAttribute(this._name, 'title', kernelTitle(kernel));
     setText(cells.label, name);
-    setText(cells.state, kernel.execution_state);
+    setText(cells.state, kernel.execution_state ?? 'unknown');
     setText(cells.ram, `RAM ${formatBytes(kernel.rss)}`);
     setText(cells.cpu, `CPU ${formatPercent(kernel.cpu_percent)}`);
     setText(cells.gpuMemory, `GPU ${gpuMemory(kernel)}`);
@@ -119,12 +119,14 @@ class KernelRow {
 
 /** The notebook's or console's path, else the kernel's name. */
 export function kernelName(kernel: IKernel): string {
-  return kernel.path ?? `${kernel.name} (${kernel.id.slice(0, 8)})`;
+  return kernel.path ?? `${kernel.name ?? 'kernel'} ${kernel.id.slice(0, 8)}`;
 }
 
 function kernelTitle(kernel: IKernel): string {
+  const what = [kernel.type, kernel.name].filter(Boolean).join(' ') || 'kernel';
   const pid = kernel.pid === null ? 'no local process' : `PID ${kernel.pid}`;
-  return `${kernel.type ?? 'kernel'} ${kernel.name}, ${pid}, ${kernel.processes} process(es)`;
+  const processes = kernel.processes === null ? '' : `, ${kernel.processes} process(es)`;
+  return `${what}, ${pid}${processes}`;
 }
 
 /** `0: 3.1 GiB, 1: 512 MiB` (per GPU index), `–` when the kernel holds no GPU memory. */
