@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import urllib.error
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,3 +136,21 @@ def test_notebook_7_shows_the_gpus_and_ram(notebook_7: Lab) -> None:
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "labextension-notebook7-failure.png"))
             raise
+
+
+@pytest.mark.parametrize(("settings", "refused"), [
+    ({"refreshInterval": 0.001}, "refreshInterval"),
+    ({"refreshInterval": 86400}, "refreshInterval"),
+    ({"ramWarningPercent": 400}, "ramWarningPercent"),
+    ({"statusBar": ["gpu-memory", "fan-speed"]}, "statusBar"),
+    ({"refreshIntervall": 2}, "refreshIntervall"),
+])
+def test_absurd_settings_are_refused_with_a_4xx(jupyter_lab: Lab, settings: dict[str, Any],
+                                                refused: str) -> None:
+    url = "lab/api/settings/ipycloud:plugin"
+    with pytest.raises(urllib.error.HTTPError) as refusal:
+        jupyter_lab.server.api(url, "PUT", {"raw": json.dumps(settings)})
+    assert refusal.value.code == 400
+    assert refused in refusal.value.read().decode()
+    jupyter_lab.server.api(url, "PUT", {"raw": json.dumps({"refreshInterval": 5})})
+    assert jupyter_lab.server.api(url)["settings"]["refreshInterval"] == 5
