@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from typing import Any
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -30,10 +31,6 @@ class Services:
         self.monitor, self.kernels, self.events = monitor, kernels, events
 
 
-class BadRequest(ValueError):
-    """A parameter the route cannot use: answered 400 with this message."""
-
-
 class _Handler(APIHandler):
     auth_resource = AUTH_RESOURCE
 
@@ -48,8 +45,18 @@ class _Handler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
 
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Every error as the API's one shape, ``{"message": "<one line>"}``."""
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(error, web.HTTPError) and error.log_message:
+            message = error.log_message % error.args
+        else:
+            message = self._reason
+        self.finish(json.dumps({"message": message}))
+
     def since(self) -> float | None:
-        """The ``since`` parameter as a Unix time; None when absent."""
+        """The ``since`` parameter as a Unix time; None when absent. One that is not a
+        finite number is answered 400."""
         text = self.get_query_argument("since", None)
         if text is None:
             return None
@@ -58,8 +65,8 @@ class _Handler(APIHandler):
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
-            raise BadRequest(f"since must be a finite number (a Unix time in seconds), "
-                             f"not {text!r}")
+            raise web.HTTPError(400, "%s", f"since must be a finite number (a Unix time in "
+                                f"seconds), not {text!r}")
         return value
 
 
@@ -79,11 +86,7 @@ class HistoryHandler(_Handler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        try:
-            since = self.since()
-        except BadRequest as error:
-            self.answer({"message": str(error)}, 400)
-            return
+        since = self.since()
         monitor = self.services.monitor
         loop = asyncio.get_running_loop()
         # An hour of samples is thousands of objects: turned into JSON off the event loop.
@@ -121,12 +124,7 @@ class EventsHandler(_Handler):
     @web.authenticated
     @authorized
     async def get(self) -> None:
-        try:
-            since = self.since()
-        except BadRequest as error:
-            self.answer({"message": str(error)}, 400)
-            return
-        self.answer({"events": self.services.events.since(since)})
+        self.answer({"events": self.services.events.since(self.since())})
 
 
 def _history_json(monitor: ServerMonitor, since: float | None) -> str:

@@ -19,15 +19,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import psutil
-
 from ipycloud.runtime.machine.cgroup import read_cgroup, read_cgroup_counters, throttled_percent
 from ipycloud.runtime.machine.nvml import GpuDetail, GpuDetailReader, unavailable_reason
 from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.machine.snapshot import usable_cpus
-from ipycloud.runtime.monitor.probe import Probe
+from ipycloud.runtime.monitor.probe import Probe, disks_of
 from ipycloud.runtime.monitor.processes import ProcessTree, TreeMeter
-from ipycloud.runtime.monitor.samples import DiskSample, Sample
+from ipycloud.runtime.monitor.samples import Sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +91,7 @@ class HostProbe:
                                       for name in fields(Sample)}
             return HostSample(**{
                 **probed,
-                "disks": _disks(self._folders),
+                "disks": disks_of(self._folders),
                 "platform": self.platform.name,
                 "session_left_s": self._session_left(sample.time),
                 "cpu_cores": self.cores,
@@ -134,15 +132,3 @@ class HostProbe:
         return "NVML sees no GPU on this machine"
 
 
-def _disks(folders: tuple[tuple[str, str | None], ...]) -> tuple[DiskSample, ...]:
-    """The file system of each folder that exists, each path once (the first role wins)."""
-    disks: list[DiskSample] = []
-    for role, path in folders:
-        if path is None or any(disk.path == path for disk in disks):
-            continue
-        try:
-            usage = psutil.disk_usage(path)
-        except OSError:  # not there (yet: Drive is mounted later) or unreadable
-            continue
-        disks.append(DiskSample(role, path, usage.total, usage.used, usage.free))
-    return tuple(disks)

@@ -147,7 +147,7 @@ class Probe:
                 swap_used=swap_used,
                 swap_total=swap_total,
                 process_rss=self._process.memory_info().rss,
-                disks=_disks((("working", self._working or os.getcwd()),
+                disks=disks_of((("working", self._working or os.getcwd()),
                               ("persistent", self._persistent))),
                 gpus=_with_torch(tuple(_gpu_sample(gpu) for gpu in self._gpus.read())),
                 ram_limited=memory.limited,
@@ -175,11 +175,12 @@ def _memory() -> tuple[int, int, int, int]:
     return total, available, swap_total, swap_total - swap_free
 
 
-def _disks(folders: tuple[tuple[str, str | None], ...]) -> tuple[DiskSample, ...]:
-    """The file system of each folder that exists."""
-    disks = []
+def disks_of(folders: tuple[tuple[str, str | None], ...]) -> tuple[DiskSample, ...]:
+    """The file system of each ``(role, folder)`` that exists, each folder once (the first
+    role wins)."""
+    disks: list[DiskSample] = []
     for role, path in folders:
-        if path is None:
+        if path is None or any(disk.path == path for disk in disks):
             continue
         try:
             usage = psutil.disk_usage(path)
