@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import psutil
 
@@ -360,38 +360,54 @@ def _process_name(pid: int) -> str | None:
         return None
 
 
-class GpuReader:
-    """The live figures of every visible GPU, read as cheaply as NVML allows.
+Device = TypeVar("Device")
+Figures = TypeVar("Figures")
 
-    Handles, names and power limits are looked up once per NVML initialisation; each
-    reading then makes four NVML calls per GPU. Not thread-safe: one reader per thread.
-    """
+
+class _PerInitialisation(Generic[Device, Figures]):
+    """Reads every visible GPU, with what never changes looked up once per NVML
+    initialisation. Never raises; () without NVML. Not thread-safe: one reader per thread."""
 
     def __init__(self) -> None:
         self._generation = 0  # NVML's initialisation the devices were looked up in; 0: none
-        # (CUDA ordinal, handle, name, enforced power limit in W)
-        self._devices: tuple[tuple[int, Any, str, float | None], ...] = ()
+        self._devices: tuple[Device, ...] = ()
 
-    def read(self) -> tuple[LiveGpu, ...]:
-        """Utilisation, memory, temperature and power of each GPU; () without NVML.
-
-        Never raises: a figure a GPU does not give (or a GPU that stopped answering) is None.
-        """
+    def read(self) -> tuple[Figures, ...]:
         try:
             nvml = _nvml()
         except NvmlUnavailable:
             return ()
         if self._generation != _generation:
-            found = _look_up(nvml)
-            handles = [found.handles[nvml_index] for nvml_index in found.order]
-            self._devices = tuple(
-                (cuda_index, handle,
-                 _text(nvml, nvml.nvmlDeviceGetName, handle) or f"GPU {cuda_index}",
-                 _scaled(_query(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1000))
-                for cuda_index, handle in enumerate(handles)
-            )
+            self._devices = self._look_up(nvml, _look_up(nvml))
             self._generation = _generation
-        return tuple(_reading(nvml, *device) for device in self._devices)
+        return tuple(self._read(nvml, device) for device in self._devices)
+
+    def _look_up(self, nvml: ModuleType, found: _Devices) -> tuple[Device, ...]:
+        raise NotImplementedError
+
+    def _read(self, nvml: ModuleType, device: Device) -> Figures:
+        raise NotImplementedError
+
+
+_LiveDevice = tuple[int, Any, str, "float | None"]  # CUDA ordinal, handle, name, power limit W
+
+
+class GpuReader(_PerInitialisation[_LiveDevice, "LiveGpu"]):
+    """Utilisation, memory, temperature and power of every visible GPU, read as cheaply as
+    NVML allows: handles, names and power limits are looked up once per NVML
+    initialisation; each reading then makes four NVML calls per GPU. A figure a GPU does
+    not give (or a GPU that stopped answering) is None."""
+
+    def _look_up(self, nvml: ModuleType, found: _Devices) -> tuple[_LiveDevice, ...]:
+        handles = [found.handles[nvml_index] for nvml_index in found.order]
+        return tuple(
+            (cuda_index, handle,
+             _text(nvml, nvml.nvmlDeviceGetName, handle) or f"GPU {cuda_index}",
+             _scaled(_query(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, handle), 1000))
+            for cuda_index, handle in enumerate(handles))
+
+    def _read(self, nvml: ModuleType, device: _LiveDevice) -> LiveGpu:
+        return _reading(nvml, *device)
 
 
 def _reading(nvml: ModuleType, index: int, handle: Any, name: str,
@@ -427,42 +443,36 @@ class GpuDetail(NamedTuple):
     processes: tuple[GpuProcess, ...] | None  # None when the driver cannot list them
 
 
-class GpuDetailReader:
+# CUDA ordinal, handle, UUID, ((MIG UUID, MIG handle), ...)
+_DetailDevice = tuple[int, Any, "str | None", tuple[tuple["str | None", Any], ...]]
+
+
+class GpuDetailReader(_PerInitialisation[_DetailDevice, GpuDetail]):
     """UUIDs, MIG instance memory and compute processes of every visible GPU, in the same
     CUDA order as ``GpuReader``: a monitor reads both and joins them by ``cuda_index``.
 
     UUIDs and MIG handles are looked up once per NVML initialisation; each reading then
     makes one memory call per MIG instance and two process calls per GPU. ``hidden`` is
-    how many GPUs CUDA_VISIBLE_DEVICES hides. Not thread-safe: one reader per thread.
+    how many GPUs CUDA_VISIBLE_DEVICES hides.
     """
 
     def __init__(self) -> None:
-        self._generation = 0
+        super().__init__()
         self.hidden = 0
-        # (CUDA ordinal, handle, uuid, ((MIG uuid, MIG handle), ...))
-        self._devices: tuple[tuple[int, Any, str | None, tuple[tuple[str | None, Any], ...]],
-                             ...] = ()
 
-    def read(self) -> tuple[GpuDetail, ...]:
-        """The details of each visible GPU; () without NVML. Never raises."""
-        try:
-            nvml = _nvml()
-        except NvmlUnavailable:
-            return ()
-        if self._generation != _generation:
-            found = _look_up(nvml)
-            self._devices = tuple(
-                (cuda_index, found.handles[nvml_index], found.uuids[nvml_index],
-                 _mig_handles(nvml, found.handles[nvml_index])
-                 if found.mig_modes[nvml_index] else ())
-                for cuda_index, nvml_index in enumerate(found.order))
-            self.hidden = len(found.handles) - len(found.order)
-            self._generation = _generation
+    def _look_up(self, nvml: ModuleType, found: _Devices) -> tuple[_DetailDevice, ...]:
+        self.hidden = len(found.handles) - len(found.order)
         return tuple(
-            GpuDetail(cuda_index, uuid,
-                      tuple(_mig_memory(nvml, mig_uuid, mig) for mig_uuid, mig in migs),
-                      _processes(nvml, handle))
-            for cuda_index, handle, uuid, migs in self._devices)
+            (cuda_index, found.handles[nvml_index], found.uuids[nvml_index],
+             _mig_handles(nvml, found.handles[nvml_index])
+             if found.mig_modes[nvml_index] else ())
+            for cuda_index, nvml_index in enumerate(found.order))
+
+    def _read(self, nvml: ModuleType, device: _DetailDevice) -> GpuDetail:
+        cuda_index, handle, uuid, migs = device
+        return GpuDetail(cuda_index, uuid,
+                         tuple(_mig_memory(nvml, mig_uuid, mig) for mig_uuid, mig in migs),
+                         _processes(nvml, handle))
 
 
 def _mig_handles(nvml: ModuleType, handle: Any) -> tuple[tuple[str | None, Any], ...]:
