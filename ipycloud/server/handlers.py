@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from ipycloud.runtime.monitor.payloads import history, parse_since, reading
 from ipycloud.server.events import DeathRecorder
 from ipycloud.server.kernels import KernelWatch
 from ipycloud.server.monitor import ServerMonitor
-from ipycloud.server.payloads import reading
 
 AUTH_RESOURCE = "ipycloud"
 SETTINGS_KEY = "ipycloud"  # the web app's setting holding the Services below
@@ -57,17 +56,10 @@ class _Handler(APIHandler):
     def since(self) -> float | None:
         """The ``since`` parameter as a Unix time; None when absent. One that is not a
         finite number is answered 400."""
-        text = self.get_query_argument("since", None)
-        if text is None:
-            return None
         try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
-            raise web.HTTPError(400, "%s", f"since must be a finite number (a Unix time in "
-                                f"seconds), not {text!r}")
-        return value
+            return parse_since(self.get_query_argument("since", None))
+        except ValueError as error:
+            raise web.HTTPError(400, "%s", str(error)) from None
 
 
 class ReadingHandler(_Handler):
@@ -128,8 +120,7 @@ class EventsHandler(_Handler):
 
 
 def _history_json(monitor: ServerMonitor, since: float | None) -> str:
-    samples = [reading(sample, monitor.interval) for sample in monitor.history(since)]
-    return json.dumps({"interval_s": monitor.interval, "samples": samples})
+    return history(monitor.history(since), monitor.interval)
 
 
 def _gpu_problem(monitor: ServerMonitor) -> str | None:

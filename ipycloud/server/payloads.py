@@ -1,55 +1,14 @@
-"""The JSON bodies of the routes, built from the runtime's readings (README.md gives their
-shapes). Sizes are bytes, times Unix seconds, percentages 0-100; a figure the machine cannot
-give is None (null), never left out."""
+"""The JSON bodies of the kernel routes and the death events (README.md gives their shapes);
+those of ``reading`` and ``history`` are the runtime's (ipycloud.runtime.monitor.payloads), as
+the kernel's dashboard page answers them too. Sizes are bytes, times Unix seconds,
+percentages 0-100; a figure the machine cannot give is None (null), never left out."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ipycloud.runtime.machine.nvml import GpuDetail
 from ipycloud.runtime.monitor.deaths import Death, signal_name
-from ipycloud.runtime.monitor.host import HostSample
+from ipycloud.runtime.monitor.payloads import Json
 from ipycloud.runtime.monitor.processes import ProcessTree
-from ipycloud.runtime.monitor.samples import GpuSample
 from ipycloud.runtime.units import format_bytes
-
-Json = dict[str, Any]
-
-
-def reading(sample: HostSample, interval: float) -> Json:
-    """The body of ``reading``, and each entry of ``history``."""
-    details = {detail.cuda_index: detail for detail in sample.gpu_details}
-    return {
-        "time": sample.time,
-        "interval_s": interval,
-        "platform": {"name": sample.platform, "session_left_s": sample.session_left_s},
-        "gpu_problem": sample.gpu_problem,
-        "gpus": [_gpu(gpu, details.get(gpu.index)) for gpu in sample.gpus],
-        "cpu": {"percent": sample.cpu_percent, "cores": sample.cpu_cores,
-                "throttled_percent": sample.cpu_throttled_percent},
-        "ram": {"used": sample.ram_used, "limit": sample.ram_limit,
-                "limited": sample.ram_limited, "peak": sample.ram_peak,
-                "swap_used": sample.swap_used, "swap_total": sample.swap_total},
-        "disks": [{"name": disk.role, "path": disk.path, "used": disk.used, "total": disk.total}
-                  for disk in sample.disks],
-    }
-
-
-def _gpu(gpu: GpuSample, detail: GpuDetail | None) -> Json:
-    return {
-        "index": gpu.index,
-        "name": gpu.name,
-        "uuid": None if detail is None else detail.uuid,
-        "utilization_percent": _float(gpu.utilization),
-        "memory_used": gpu.memory_used,
-        "memory_total": gpu.memory_total,
-        "temperature_c": _float(gpu.temperature),
-        "power_w": gpu.power_draw_w,
-        "power_limit_w": gpu.power_limit_w,
-        "mig": [] if detail is None else [
-            {"uuid": mig.uuid, "memory_used": mig.memory_used, "memory_total": mig.memory_total}
-            for mig in detail.mig],
-    }
 
 
 def kernel(kernel_id: str, name: str | None, execution_state: str | None,
@@ -89,6 +48,3 @@ def death_message(who: str, death: Death, returncode: int | None) -> str:
         return f"{who} was killed by signal {-returncode}" + (f" ({name})" if name else "")
     return f"{who} exited with code {returncode}"
 
-
-def _float(value: float | None) -> float | None:
-    return None if value is None else float(value)
