@@ -1,0 +1,164 @@
+/**
+ * The page: a header saying where it stands with the kernel, then a card per GPU, one for
+ * CPU and RAM and one for the disks, each figure with its sparkline over the history window.
+ */
+import type { IReading } from '../api';
+import { element, setAttribute, setText } from '../dom';
+import { formatBytes, formatDuration, formatPercent, formatUsage, level, share } from '../format';
+import { GpuCard } from '../gpucard';
+import { MetricRow } from '../metric';
+import { DEFAULT_OPTIONS } from '../settings';
+import { Connection, KernelPoller } from './poller';
+
+/** Percent of a disk's size from which it is shown as nearly full. */
+const DISK_WARNING_PERCENT = 90;
+
+export class DashboardPage {
+  /** @param root - the element the page is drawn into (the document's body) */
+  constructor(private readonly _root: HTMLElement) {
+    _root.append(
+      element(
+        'header',
+        { class: 'ipycloud-Page-header' },
+        element('h1', {}, 'ipycloud'),
+        this._platform,
+        this._status,
+        this._time
+      ),
+      this._message,
+      this._gpuProblem,
+      element(
+        'main',
+        { class: 'ipycloud-Page-cards' },
+        this._gpus,
+        this._card('CPU and RAM', 'machine', this._cpu.node, this._ram.node, this._ramNote),
+        this._card('Disks', 'disks', this._disks)
+      )
+    );
+  }
+
+  /** Draw what the poller holds now. */
+  render(poller: KernelPoller): void {
+    this._renderConnection(poller.connection, poller);
+    const latest = poller.latest;
+    if (!latest) {
+      return;
+    }
+    const samples = poller.samples;
+    setAttribute(this._root, 'data-ipycloud-time', String(latest.time));
+    setText(this._time, `as of ${new Date(latest.time * 1000).toLocaleTimeString()}`);
+    const name = latest.platform.name;
+    setText(this._platform, name ?? '');
+    this._renderGpus(samples, latest);
+    this._renderMachine(samples, latest);
+    this._renderDisks(samples, latest);
+  }
+
+  private _card(title: string, name: string, ...children: Node[]): HTMLElement {
+    return element(
+      'section',
+      { class: 'ipycloud-Card', 'data-ipycloud-section': name },
+      element('div', { class: 'ipycloud-Card-title' }, title),
+      ...children
+    );
+  }
+
+  private _renderConnection(connection: Connection, poller: KernelPoller): void {
+    setAttribute(this._root, 'data-ipycloud-status', connection.state);
+    const every = `live · every ${poller.interval} s · last ${formatDuration(poller.history)}`;
+    const [status, message] = {
+      loading: ['asking the kernel…', ''],
+      live: [every, ''],
+      retrying: [
+        'not answering',
+        `No new figures: ${'message' in connection ? connection.message : ''}. Trying again…`
+      ],
+      gone: [
+        'kernel gone',
+        "The kernel's dashboard server no longer answers: the kernel exited or restarted, " +
+          'or %dashboard stop closed this page. Run %dashboard again for a new one.'
+      ],
+      refused: [
+        'refused',
+        "The kernel refused this page's token: it belongs to an earlier dashboard. Run " +
+          '%dashboard again for a new one.'
+      ]
+    }[connection.state];
+    setText(this._status, status);
+    setText(this._message, message);
+  }
+
+  private _renderGpus(samples: readonly IReading[], latest: IReading): void {
+    const indices = latest.gpus.map(gpu => gpu.index);
+    if (indices.join() !== this._gpuCards.map(card => card.index).join()) {
+      this._gpuCards = indices.map(index => new GpuCard(index));
+      this._gpus.replaceChildren(...this._gpuCards.map(card => card.node));
+    }
+    for (const card of this._gpuCards) {
+      card.update(samples, DEFAULT_OPTIONS.gpuMemoryWarningPercent);
+    }
+    setText(this._gpuProblem, latest.gpu_problem ?? (indices.length ? '' : 'No GPU in use.'));
+  }
+
+  private _renderMachine(samples: readonly IReading[], latest: IReading): void {
+    const { cpu, ram } = latest;
+    const cores = cpu.cores === null ? '' : ` of ${cpu.cores} cores`;
+    const throttled =
+      cpu.throttled_percent === null ? '' : `, throttled ${formatPercent(cpu.throttled_percent)}`;
+    this._cpu.update(
+      `${formatPercent(cpu.percent)}${cores}${throttled}`,
+      samples.map(sample => sample.cpu.percent),
+      100
+    );
+    const ramShare = share(ram.used, ram.limit);
+    this._ram.update(
+      `${formatUsage(ram.used, ram.limit)} (${formatPercent(ramShare)})`,
+      samples.map(sample => share(sample.ram.used, sample.ram.limit)),
+      100,
+      level(ramShare, DEFAULT_OPTIONS.ramWarningPercent)
+    );
+    const notes = [ram.limited ? "limit: the container's" : "limit: the machine's RAM"];
+    if (ram.peak !== null) {
+      notes.push(`peak ${formatBytes(ram.peak)}`);
+    }
+    if (ram.swap_total > 0) {
+      notes.push(`swap ${formatUsage(ram.swap_used, ram.swap_total)}`);
+    }
+    setText(this._ramNote, notes.join(' · '));
+  }
+
+  private _renderDisks(samples: readonly IReading[], latest: IReading): void {
+    const names = latest.disks.map(disk => disk.name);
+    if (names.join() !== [...this._diskRows.keys()].join()) {
+      this._diskRows = new Map(names.map(name => [name, new MetricRow(name, `disk-${name}`)]));
+      this._disks.replaceChildren(...[...this._diskRows.values()].map(row => row.node));
+    }
+    for (const disk of latest.disks) {
+      const percent = share(disk.used, disk.total);
+      const row = this._diskRows.get(disk.name);
+      row?.node.setAttribute('title', disk.path);
+      row?.update(
+        `${formatUsage(disk.used, disk.total)} (${formatPercent(percent)})`,
+        samples.map(sample => {
+          const then = sample.disks.find(each => each.name === disk.name);
+          return then ? share(then.used, then.total) : null;
+        }),
+        100,
+        level(percent, DISK_WARNING_PERCENT)
+      );
+    }
+  }
+
+  private _platform = element('span', { class: 'ipycloud-Page-platform' });
+  private _status = element('span', { class: 'ipycloud-Page-status' });
+  private _time = element('span', { class: 'ipycloud-Page-time' });
+  private _message = element('p', { class: 'ipycloud-Page-message' });
+  private _gpuProblem = element('p', { class: 'ipycloud-Card-note' });
+  private _gpus = element('div', { class: 'ipycloud-Page-gpus' });
+  private _gpuCards: GpuCard[] = [];
+  private _cpu = new MetricRow('CPU', 'cpu');
+  private _ram = new MetricRow('RAM', 'ram');
+  private _ramNote = element('div', { class: 'ipycloud-Card-note' });
+  private _disks = element('div');
+  private _diskRows = new Map<string, MetricRow>();
+}
