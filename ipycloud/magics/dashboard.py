@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 ACTIONS = ("cells", "report", "stop")
 # The options each use of the magic takes ("live": no action word); any other is refused.
 OPTIONS = {
-    "live": {"interval", "history", "text", "cells"},
+    "live": {"interval", "history", "text", "cells", "web"},
     "cells": set(),
     "report": {"json", "csv", "instance"},
     "stop": set(),
@@ -49,6 +49,9 @@ class DashboardMagics(Magics):
               help="how far back the sparklines reach, e.g. 90s, 10m (default 5m)")
     @argument("--text", action="store_true",
               help="print one reading as text instead (no ipywidgets needed)")
+    @argument("--web", action="store_true",
+              help="the page the kernel serves itself, in an iframe: live while cells run "
+                   "(the default on Colab)")
     @argument("--cells", action="store_true",
               help="also record each cell's wall time, peak RAM and peak GPU memory")
     @argument("--json", action="store_true", help="report: as JSON")
@@ -67,12 +70,23 @@ class DashboardMagics(Magics):
         while a cell runs takes effect when the cell ends. Starting a dashboard also starts
         session monitoring, which ``%dashboard report`` totals.
 
+        ``--web`` shows the same figures as a page the kernel serves itself on a loopback
+        port, behind a random token, in an iframe: it needs no widgets and keeps updating
+        while a cell runs. On Colab, which does not draw widget updates sent while a cell
+        runs, plain ``%dashboard`` shows that page (through Colab's kernel-port iframe).
+        Outside Colab the iframe reaches the kernel's port only where the browser runs on
+        the kernel's machine; in a terminal ``--web`` prints the page's address.
+
         Examples
         --------
         A live panel, updated every second, with sparklines of the last 5 minutes::
 
             %dashboard
             %dashboard --interval 0.5 --history 10m
+
+        The page the kernel serves, live even while a training cell runs::
+
+            %dashboard --web
 
         Without ipywidgets (or in a terminal), one reading as text::
 
@@ -90,7 +104,8 @@ class DashboardMagics(Magics):
             %dashboard report --json
             %dashboard report --csv usage.csv
 
-        Stop every dashboard of this notebook and the per-cell recording::
+        Stop every dashboard of this notebook, the page's server (its port closes) and the
+        per-cell recording::
 
             %dashboard stop
         """
@@ -109,18 +124,31 @@ class DashboardMagics(Magics):
                              f"{one_line(error)}") from None
 
     def _live(self, args: argparse.Namespace) -> Any:
-        from ipycloud.runtime._optional import require
         from ipycloud.runtime.monitor.sampler import DEFAULT_INTERVAL_S, VIEW_HISTORY_S
 
         if args.text:
             if args.interval or args.history:
                 raise ValueError("--interval and --history are for the live panel, not --text")
+            if args.web:
+                raise ValueError("--web and --text do not go together: pick one")
             return self._text(args.cells)
+        from ipycloud.magics.dashboard_web import on_colab, show_page
+
+        interval = args.interval or DEFAULT_INTERVAL_S
+        history = args.history or VIEW_HISTORY_S
+        view = (show_page(interval, history) if args.web or on_colab()
+                else self._panel(interval, history))
+        if args.cells:
+            self._record_cells()
+        return view
+
+    def _panel(self, interval: float, history: float) -> Dashboard:
+        """The live ipywidgets panel."""
+        from ipycloud.runtime._optional import require
+
         if _in_terminal(self.shell):
             raise UsageError("%dashboard: a terminal cannot show the live panel; use "
                              "%dashboard --text for a reading as text")
-        interval = args.interval or DEFAULT_INTERVAL_S
-        history = args.history or VIEW_HISTORY_S
         try:
             require("ipywidgets", "widgets")
         except ImportError as error:
@@ -130,8 +158,6 @@ class DashboardMagics(Magics):
 
         dashboard = live_dashboard(interval, history)
         self._dashboards.append(dashboard)
-        if args.cells:
-            self._record_cells()
         return dashboard
 
     def _text(self, cells: bool) -> Notice:
@@ -177,11 +203,13 @@ class DashboardMagics(Magics):
         """Stop the dashboards and per-cell recording; usage recording goes on if it is on."""
         from ipycloud.runtime.monitor.sampler import shared_sampler
         from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
+        from ipycloud.runtime.monitor.webpage import stop_page
 
         live = [dashboard for dashboard in self._dashboards if dashboard.active]
         for dashboard in self._dashboards:
             dashboard.stop()
         self._dashboards.clear()
+        page = stop_page()
         recording = self._recorder is not None and self._recorder.recording
         if self._recorder is not None:
             self._recorder.stop()
@@ -190,16 +218,24 @@ class DashboardMagics(Magics):
             start_monitoring()  # back to its own pace, from the dashboard's
         else:
             stop_monitoring()
-        done = [f"stopped {len(live)} dashboard(s)"]
+        done = [f"{len(live)} dashboard(s)"]
+        if page is not None:
+            done.append(f"the dashboard page (port {page.port} closed)")
         if recording:
             done.append("per-cell recording (%dashboard cells still shows the table)")
+        stopped = f"stopped {_listed(done)}"
         if usage_on:
-            return Notice(f"{' and '.join(done)}; usage recording goes on once a second "
+            return Notice(f"{stopped}; usage recording goes on once a second "
                           "(%config UsageRecording.enabled = False stops it)")
         others = shared_sampler().subscribers
         sampler = ("the background sampler has stopped" if others == 0 else
                    f"the background sampler keeps running for {others} other user(s)")
-        return Notice(f"{' and '.join(done)}; {sampler}")
+        return Notice(f"{stopped}; {sampler}")
+
+
+def _listed(parts: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(parts[:-1]), parts[-1])))
 
 
 def _usage_recording_on(shell: Any) -> bool:

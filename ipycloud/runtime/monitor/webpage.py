@@ -1,0 +1,311 @@
+"""The dashboard page a kernel serves itself, so it stays live while a cell runs and where
+widget updates sent from a thread are not drawn (Colab).
+
+One HTTP server per process, on a daemon thread, listening on 127.0.0.1 at a free port.
+Every request carries the server's random token, as ``?token=`` or an ``Authorization:
+token <token>`` header; any other is answered 403. Its routes:
+
+- ``/``: the page (one HTML file with its script and style inline, built from
+  ``labextension/src/page/`` into ``ipycloud/monitor_page/``);
+- ``/api/reading`` and ``/api/history?since=T``: the shared sampler's newest reading and
+  the readings it keeps after T, as the Jupyter server extension's routes of the same names
+  answer them (``ipycloud/server/README.md``).
+
+Each request is answered on a thread of its own from what the sampler thread already read,
+so nothing waits for the kernel's main thread; the server holds a subscription on the
+sampler, at its interval, while it runs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import secrets
+import threading
+import weakref
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from ipycloud.runtime.monitor import payloads
+from ipycloud.runtime.monitor.sampler import (
+    DEFAULT_INTERVAL_S,
+    VIEW_MIN_INTERVAL_S,
+    Sampler,
+    Subscription,
+    check_interval,
+    shared_sampler,
+)
+from ipycloud.runtime.monitor.samples import Sample
+from ipycloud.runtime.per_process import per_process
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+PAGE = ("monitor_page", "index.html")  # in the ipycloud package, once it is built
+REQUEST_TIMEOUT_S = 10.0  # a client that sends nothing for this long is dropped
+_POLL_S = 0.5  # how often the serving thread looks for a stop request
+
+Answer = tuple[int, str, bytes]  # status, content type, body
+JSON = "application/json"
+
+
+class PageServer:
+    """The dashboard page's HTTP server on ``sampler``'s readings; ``start()`` it.
+
+    ``interval`` is the seconds between the readings it asks the sampler for, which the
+    page follows as its polling pace.
+    """
+
+    def __init__(self, sampler: Sampler, interval: float = DEFAULT_INTERVAL_S) -> None:
+        self.sampler = sampler
+        self.interval = check_interval(interval, minimum=VIEW_MIN_INTERVAL_S)
+        self.token = secrets.token_urlsafe(32)
+        self._lock = threading.Lock()
+        self._http: _HttpServer | None = None
+        self._thread: threading.Thread | None = None
+        self._subscription: Subscription | None = None
+        self._page: bytes | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the server listens."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def port(self) -> int:
+        """The port it listens on, or did until stopped (ValueError before ``start()``)."""
+        if self._http is None:
+            raise ValueError("the dashboard page's server is not running")
+        return int(self._http.server_address[1])
+
+    def path(self, history: float | None = None) -> str:
+        """The page's path with the token, and the seconds its sparklines reach back."""
+        query = {"token": self.token}
+        if history is not None:
+            query["history"] = f"{history:g}"
+        return f"/?{urlencode(query)}"
+
+    def url(self, history: float | None = None) -> str:
+        """The page's address on this machine."""
+        return f"http://{HOST}:{self.port}{self.path(history)}"
+
+    def start(self) -> PageServer:
+        """Listen on a free port and hold a subscription on the sampler; harmless when
+        running."""
+        with self._lock:
+            if self.running:
+                return self
+            http = _HttpServer((HOST, 0), _Handler)
+            http.page = self
+            self._subscription = self.sampler.subscribe(_keep_sampling,
+                                                        interval=self.interval)
+            self._thread = threading.Thread(target=http.serve_forever, args=(_POLL_S,),
+                                            name="ipycloud-page", daemon=True)
+            self._http = http
+            self._thread.start()
+            _listening.add(self)
+        return self
+
+    def follow(self, interval: float) -> None:
+        """Ask the sampler for a reading every ``interval`` seconds from now on."""
+        interval = check_interval(interval, minimum=VIEW_MIN_INTERVAL_S)
+        with self._lock:
+            self.interval = interval
+            previous = self._subscription
+            if previous is not None and previous.active:
+                # the new hold first: between the two the sampler's thread must not stop
+                self._subscription = self.sampler.subscribe(_keep_sampling, interval=interval)
+                previous.cancel()
+
+    def stop(self) -> None:
+        """Close the port (requests being answered finish) and cancel the subscription;
+        harmless when stopped."""
+        with self._lock:
+            http, thread, subscription = self._http, self._thread, self._subscription
+            self._thread = self._subscription = None
+        if subscription is not None:
+            subscription.cancel()
+        if http is not None and thread is not None and thread.is_alive():
+            http.shutdown()  # waits for the serving loop to end
+            thread.join()
+        if http is not None:
+            http.server_close()
+        _listening.discard(self)
+
+    def authorised(self, token: str | None) -> bool:
+        """Whether ``token`` is this server's (compared in constant time)."""
+        return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+
+    def page(self) -> bytes:
+        """The page's HTML, read once; FileNotFoundError when it was not built."""
+        if self._page is None:
+            folder, name = PAGE
+            self._page = resources.files("ipycloud").joinpath(folder).joinpath(name).read_bytes()
+        return self._page
+
+    def latest(self) -> Sample:
+        """The sampler's newest reading; before its first, one taken on the caller's thread."""
+        return self.sampler.latest() or self.sampler.sample_now()
+
+    def __repr__(self) -> str:
+        where = f"port {self.port}" if self.running else "stopped"
+        return f"<PageServer {where}, every {self.interval:g} s>"
+
+    def _close_after_fork(self) -> None:
+        """In a forked child (a data loader's worker): let go of the parent's socket, so
+        that stopping the parent's server closes its port."""
+        if self._http is not None:
+            self._http.socket.close()
+        self._http = self._thread = self._subscription = None
+
+
+def _keep_sampling(sample: Sample) -> None:
+    """The page server's hold on the sampler: the routes read the readings kept."""
+
+
+class _HttpServer(ThreadingHTTPServer):
+    """Answers each request on a daemon thread; its errors go to the log, never to stderr
+    (a kernel's stderr is the notebook's output)."""
+
+    daemon_threads = True
+    page: PageServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        logger.debug("dashboard page request from %s failed", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One request: the token checked, then a route answered."""
+
+    server: _HttpServer
+    timeout = REQUEST_TIMEOUT_S
+    server_version = "ipycloud"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = {name: values[-1] for name, values in parse_qs(url.query).items()}
+        page = self.server.page
+        if not page.authorised(query.get("token") or _header_token(self.headers)):
+            self._answer(_json(403, {"message": "the token is missing or not this "
+                                                "dashboard's"}))
+            return
+        route = _ROUTES.get(url.path)
+        if route is None:
+            self._answer(_json(404, {"message": f"no route {url.path!r}"}))
+            return
+        try:
+            self._answer(route(page, query))
+        except ValueError as error:
+            self._answer(_json(400, {"message": str(error)}))
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Nothing: a kernel's stderr is the notebook's output."""
+
+    def _answer(self, answer: Answer) -> None:
+        status, content_type, body = answer
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("Referrer-Policy", "no-referrer")  # the address holds the token
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _header_token(headers: Any) -> str | None:
+    scheme, _, token = (headers.get("Authorization") or "").partition(" ")
+    return token.strip() if scheme.lower() == "token" else None
+
+
+def _json(status: int, body: object) -> Answer:
+    return status, JSON, json.dumps(body).encode()
+
+
+def _page(page: PageServer, query: dict[str, str]) -> Answer:
+    try:
+        return 200, "text/html; charset=utf-8", page.page()
+    except FileNotFoundError:
+        return (500, "text/plain; charset=utf-8",
+                b"This installation of ipycloud lacks its dashboard page "
+                b"(ipycloud/monitor_page/index.html): install ipycloud again, or build it in "
+                b"a checkout with 'jlpm build' in labextension/.")
+
+
+def _reading(page: PageServer, query: dict[str, str]) -> Answer:
+    return _json(200, payloads.reading(page.latest(), page.interval))
+
+
+def _history(page: PageServer, query: dict[str, str]) -> Answer:
+    since = payloads.parse_since(query.get("since"))
+    body = payloads.history(page.sampler.history(since), page.interval)
+    return 200, JSON, body.encode()
+
+
+_ROUTES: dict[str, Callable[[PageServer, dict[str, str]], Answer]] = {
+    "/": _page,
+    "/api/reading": _reading,
+    "/api/history": _history,
+}
+
+# The servers listening in this process, let go of by a forked child.
+_listening: weakref.WeakSet[PageServer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for server in list(_listening):
+        server._close_after_fork()
+    _listening.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _Serving:
+    """The page server of this process, if one runs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.server: PageServer | None = None
+
+    def stop(self) -> PageServer | None:
+        with self.lock:
+            server, self.server = self.server, None
+        if server is not None:
+            server.stop()
+        return server
+
+
+@per_process(close=_Serving.stop)
+def _serving() -> _Serving:
+    return _Serving()
+
+
+def serve_page(interval: float = DEFAULT_INTERVAL_S) -> PageServer:
+    """This process's dashboard page server on the shared sampler, started if none runs
+    (else it follows ``interval`` from now on), with session monitoring started too (for
+    ``usage_report()``). Its ``url()`` is the page's address on this machine."""
+    from ipycloud.runtime.monitor.session import start_monitoring
+
+    check_interval(interval, minimum=VIEW_MIN_INTERVAL_S)  # a mistake starts nothing
+    serving = _serving()
+    with serving.lock:
+        start_monitoring()
+        if serving.server is None or not serving.server.running:
+            serving.server = PageServer(shared_sampler(), interval).start()
+        else:
+            serving.server.follow(interval)
+        return serving.server
+
+
+def stop_page() -> PageServer | None:
+    """Stop this process's dashboard page server (its port closes); the one stopped, if any
+    ran. Session monitoring goes on: ``stop_monitoring()`` ends it."""
+    return _serving().stop()

@@ -1,0 +1,263 @@
+"""The dashboard page a kernel serves itself: its token, its JSON from the shared sampler on
+a fake NVML board, its port closed by stop, reset and in forked children, and ``%dashboard``
+showing it (``--web`` anywhere, plain ``%dashboard`` on Colab through the google.colab stub)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from IPython.core.error import UsageError
+from waiting import wait_for
+
+from ipycloud.magics.dashboard_web import PageView, page_height
+from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
+from ipycloud.runtime.monitor.samples import DiskSample, Sample
+from ipycloud.runtime.monitor.webpage import PageServer, serve_page, stop_page
+from ipycloud.runtime.per_process import reset_process_state
+
+GIB = 2**30
+MIB = 2**20
+STUBS = Path(__file__).with_name("stubs")
+READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks"}
+
+
+def get(server: PageServer | int, path: str, headers: dict[str, str] | None = None
+        ) -> tuple[int, str, bytes]:
+    """Status, content type and body of a GET on the server's port."""
+    port = server if isinstance(server, int) else server.port
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers["Content-Type"], error.read()
+
+
+def get_json(server: PageServer, route: str, **query: object) -> Any:
+    """The JSON of an authorised GET of ``api/<route>``; the test fails on another status."""
+    search = "&".join(f"{name}={value}" for name, value in {"token": server.token,
+                                                             **query}.items())
+    status, content_type, body = get(server, f"/api/{route}?{search}")
+    assert (status, content_type) == (200, "application/json"), body
+    return json.loads(body)
+
+
+def refused(port: int) -> bool:
+    """Whether nothing listens on the loopback port any more."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def scripted_probe() -> Sample:
+    """A reading with made-up figures, at the time it is taken."""
+    return Sample(time=time.time(), cpu_percent=25.0, ram_used=4 * GIB, ram_limit=16 * GIB,
+                  ram_available=12 * GIB, swap_used=0, swap_total=0, process_rss=GIB,
+                  disks=(DiskSample("working", "/work", 100 * GIB, 10 * GIB, 90 * GIB),))
+
+
+@pytest.fixture
+def page_server() -> Iterator[PageServer]:
+    """A page server on its own sampler of made-up readings, every 0.1 s."""
+    sampler = Sampler(interval=0.1, probe=scripted_probe)
+    server = PageServer(sampler, interval=0.1).start()
+    yield server
+    server.stop()
+    sampler.stop()
+
+
+@pytest.fixture
+def colab_output(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A Colab kernel: its marker variable set, the google.colab stub importable and reset."""
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261120-060000_RC00")
+    monkeypatch.syspath_prepend(str(STUBS))
+    for name in [name for name in sys.modules if name.startswith("google")]:
+        monkeypatch.delitem(sys.modules, name)
+    from google.colab import output
+
+    output.calls.clear()
+    yield output
+
+
+@pytest.fixture
+def web_shell(shell: Any, board: Any, local_home: Path) -> Iterator[Any]:
+    """The shell fixture on a local machine with one T4; its dashboards stopped after."""
+    board("1xT4")
+    yield shell
+    shell.run_line_magic("dashboard", "stop")
+
+
+@pytest.mark.parametrize("path", ["/", "/api/reading", "/api/history", "/api/history?since=0",
+                                  "/nowhere"])
+def test_a_request_without_the_token_is_refused(page_server: PageServer, path: str) -> None:
+    token = page_server.token
+    wrong = token[:-1] + ("A" if token[-1] != "A" else "B")  # as long, one character off
+    separator = "&" if "?" in path else "?"
+    for attempt, headers in [(path, {}),
+                             (f"{path}{separator}token={wrong}", {}),
+                             (f"{path}{separator}token=", {}),
+                             (path, {"Authorization": f"token {wrong}"}),
+                             (path, {"Authorization": f"Bearer {token}"})]:
+        status, content_type, body = get(page_server, attempt, headers)
+        assert (status, content_type) == (403, "application/json"), attempt
+        assert json.loads(body) == {"message": "the token is missing or not this dashboard's"}
+    assert get(page_server, "/api/reading", {"Authorization": f"token {token}"})[0] == 200
+
+
+def test_reading_and_history_come_from_the_shared_sampler(board: Any, local_home: Path) -> None:
+    board("1xT4")
+    server = serve_page(interval=0.1)
+    assert shared_sampler().running and shared_sampler().interval == 0.1
+    wait_for(lambda: len(shared_sampler().history()) >= 3, what="three readings")
+    reading = get_json(server, "reading")
+    assert set(reading) == READING_KEYS
+    assert reading["interval_s"] == 0.1
+    assert reading["gpus"] == [{
+        "index": 0, "name": "Tesla T4", "uuid": None, "utilization_percent": 0.0,
+        "memory_used": 3 * MIB, "memory_total": 15360 * MIB, "temperature_c": 43.0,
+        "power_w": 9.321, "power_limit_w": 70.0, "mig": []}]
+    # a kernel's own sampler reads no platform, core count, throttling or RAM peak
+    assert reading["platform"] == {"name": None, "session_left_s": None}
+    assert reading["cpu"]["cores"] is None and reading["cpu"]["throttled_percent"] is None
+    assert 0.0 <= reading["cpu"]["percent"] <= 100.0
+    assert reading["ram"]["peak"] is None and 0 < reading["ram"]["used"] <= reading["ram"]["limit"]
+    assert reading["disks"][0]["name"] == "working"
+
+    everything = get_json(server, "history")
+    assert everything["interval_s"] == 0.1
+    times = [sample["time"] for sample in everything["samples"]]
+    assert len(times) >= 3 and times == sorted(times)
+    assert reading["time"] in times  # the newest reading is one the sampler kept
+    later = get_json(server, "history", since=times[1])["samples"]
+    assert [sample["time"] for sample in later][:len(times) - 2] == times[2:]
+    assert later[0] == everything["samples"][2]
+    status, _, body = get(server, f"/api/history?since=nan&token={server.token}")
+    assert status == 400
+    assert json.loads(body) == {
+        "message": "since must be a finite number (a Unix time in seconds), not 'nan'"}
+
+
+def test_the_port_closes_on_stop_and_on_reset(local_home: Path) -> None:
+    server = serve_page(interval=0.2)
+    assert serve_page(interval=0.5) is server  # one per process: it follows the new pace
+    assert server.interval == 0.5 and shared_sampler().interval == 0.5
+    assert get_json(server, "reading")["interval_s"] == 0.5
+    port = server.port
+    assert stop_page() is server and not server.running and refused(port)
+    assert stop_page() is None
+
+    again, sampler = serve_page(), shared_sampler()
+    assert again is not server and again.token != server.token
+    assert get(again, f"/?token={server.token}")[0] == 403  # an old page's token
+    reset_process_state()
+    assert refused(again.port) and not again.running and not sampler.running
+
+
+def test_a_client_that_sends_nothing_holds_up_no_other(page_server: PageServer) -> None:
+    with socket.create_connection(("127.0.0.1", page_server.port)):  # silent
+        started = time.monotonic()
+        get_json(page_server, "reading")
+        assert time.monotonic() - started < 2
+
+
+def test_a_forked_child_lets_go_of_the_port(page_server: PageServer) -> None:
+    """A data loader's worker forked while the page is served must not keep its port open."""
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking a threaded process
+        child = os.fork()
+    if child == 0:  # the child: wait until the parent has looked, then leave at once
+        os.close(write)
+        os.read(read, 1)
+        os._exit(0)
+    os.close(read)
+    try:
+        port = page_server.port
+        page_server.stop()
+        assert refused(port)
+    finally:
+        os.write(write, b"x")
+        os.close(write)
+        os.waitpid(child, 0)
+
+
+def test_the_page_is_one_file_with_everything_inline(page_server: PageServer) -> None:
+    status, content_type, body = get(page_server, page_server.path(history=60))
+    assert (status, content_type) == (200, "text/html; charset=utf-8")
+    page = body.decode()
+    assert page.startswith("<!doctype html>") and "<script>" in page and "<style>" in page
+    assert " src=" not in page and "<link" not in page and "@import" not in page  # no CDN
+    assert "ipycloud-Sparkline" in page  # the lab extension's sparklines, bundled
+
+
+def test_dashboard_web_shows_the_page_in_an_iframe(web_shell: Any) -> None:
+    view = web_shell.run_line_magic("dashboard", "--web --interval 0.2 --history 30s")
+    assert isinstance(view, PageView) and view.height == page_height(1)
+    url = urlsplit(view.url)
+    query = parse_qs(url.query)
+    assert (url.scheme, url.hostname, url.path) == ("http", "127.0.0.1", "/")
+    assert query["history"] == ["30"]
+    html = web_shell.display_formatter.format(view)[0]["text/html"]
+    assert f'<iframe src="{view.url.replace("&", "&amp;")}"' in html
+    assert f'height="{view.height}"' in html
+    assert repr(view) == f"ipycloud dashboard page: {view.url} (%dashboard stop closes it)"
+    status, _, body = get(url.port or 0, f"/api/reading?token={query['token'][0]}")
+    assert status == 200 and json.loads(body)["gpus"][0]["name"] == "Tesla T4"
+
+    notice = str(web_shell.run_line_magic("dashboard", "stop"))
+    assert notice == (f"stopped 0 dashboard(s) and the dashboard page (port {url.port} "
+                      "closed); the background sampler has stopped")
+    assert refused(url.port or 0)
+
+
+def test_on_colab_plain_dashboard_serves_the_port_through_colab(
+        web_shell: Any, colab_output: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # the page needs no widgets
+    assert web_shell.run_line_magic("dashboard", "--interval 0.5") is None  # Colab showed it
+    (call,) = colab_output.calls
+    path = urlsplit(call["path"])
+    token = parse_qs(path.query)["token"][0]
+    assert call == {"port": call["port"], "path": call["path"], "width": "100%",
+                    "height": str(page_height(1)), "cache_in_notebook": False}
+    assert path.path == "/" and parse_qs(path.query)["history"] == ["300"]
+    assert get(call["port"], call["path"])[0] == 200  # the path's token opens the page
+    assert get(call["port"], f"/api/reading?token={token}")[0] == 200
+    assert get(call["port"], "/")[0] == 403
+
+    web_shell.run_line_magic("dashboard", "--web")  # on Colab too, Colab's iframe
+    assert [each["port"] for each in colab_output.calls] == [call["port"]] * 2  # one server
+    web_shell.run_line_magic("dashboard", "stop")
+    assert refused(call["port"])
+
+
+def test_the_page_height_grows_with_the_gpus() -> None:
+    heights = [page_height(gpus) for gpus in (0, 1, 2, 8)]
+    assert heights[0] == heights[1] < heights[2] < heights[3]
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("--web --text", "%dashboard: --web and --text do not go together: pick one"),
+    ("--web --interval 0.01", "interval must be a number of seconds from 0.1 to 3600"),
+    ("--web --history 1", "the history must be longer than the interval (1 s)"),
+    ("stop --web", "%dashboard: --web does not apply to stop"),
+])
+def test_wrong_web_lines_start_nothing(web_shell: Any, line: str, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        web_shell.run_line_magic("dashboard", line)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert stop_page() is None and not shared_sampler().running
+
