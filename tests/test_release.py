@@ -1,11 +1,11 @@
 """The release as PyPI gets it, and what keeps it consistent.
 
 ``python -m build`` makes the sdist and then, from the unpacked sdist, the wheel, as the
-release workflow does. Both carry the built lab extension, the price table and the license
-and nothing of the development tree; twine and pydistcheck (its settings under
-``[tool.pydistcheck]`` in pyproject.toml) accept them; and the wheel, installed into a
-fresh virtual environment on a PATH without node, passes the fast tests (FAST_TESTS)
-against the installed copy.
+release workflow does. Both carry the built lab extension, the dashboard page a kernel
+serves, the price table and the license, and nothing of the development tree; twine and
+pydistcheck (its settings under ``[tool.pydistcheck]`` in pyproject.toml) accept them; and
+the wheel, installed into a fresh virtual environment on a PATH without node, passes the
+fast tests (FAST_TESTS) against the installed copy.
 
 Those are slow (a build and a fresh environment): select them with ``-m release``, leave
 them out with ``-m "not release"``. The checks of the version and of the workflows under
@@ -129,6 +129,7 @@ def test_the_sdist_carries_the_built_extension_the_price_table_and_the_license(
                  "ipycloud/_version.py", "ipycloud/data/prices.json",
                  "ipycloud/labextension/static/style.js",
                  "ipycloud/labextension/schemas/ipycloud/plugin.json",
+                 "ipycloud/monitor_page/index.html",
                  # what the wheel built from the sdist needs, or a rebuild of the extension
                  "labextension/package.json", "labextension/yarn.lock",
                  "labextension/install.json",
@@ -149,7 +150,8 @@ def test_the_wheel_built_from_the_sdist_carries_the_same(dists: Dists) -> None:
     files = wheel_files(dists.wheel)
     share = f"ipycloud-{VERSION}.data/data/share/jupyter/labextensions/{LABEXTENSION}"
     assert built_extension_version(files, share) == VERSION
-    assert "ipycloud/data/prices.json" in files
+    for name in ("ipycloud/data/prices.json", "ipycloud/monitor_page/index.html"):
+        assert name in files, f"{dists.wheel.name} lacks {name}"
     assert f"ipycloud-{VERSION}.dist-info/licenses/LICENSE" in files
     # The extension is installed once, as shared data, not a second time inside the package.
     assert not [name for name in files if name.startswith("ipycloud/labextension/")]
