@@ -116,6 +116,11 @@ def development_files(names: set[str]) -> list[str]:
                   or name.endswith(DEVELOPMENT_SUFFIXES))
 
 
+def relative_links(markdown: str) -> list[str]:
+    """The targets of Markdown links and pictures that are relative to the repository."""
+    return re.findall(r"\]\(((?!https?://|#)[^)]*)\)", markdown)
+
+
 def built_extension_version(files: dict[str, bytes], folder: str) -> str:
     """The version in the built lab extension's package.json under ``folder``."""
     return str(json.loads(files[f"{folder}/package.json"])["version"])
@@ -166,6 +171,8 @@ def test_the_wheel_built_from_the_sdist_carries_the_same(dists: Dists) -> None:
     urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL", []))
     assert set(urls) >= {"Homepage", "Repository", "Issues", "Changelog"}, urls
     assert all(url.startswith(REPOSITORY) for url in urls.values()), urls
+    # PyPI shows the description away from the repository: no picture or link relative to it.
+    assert relative_links(str(metadata.get_payload())) == []
 
 
 @pytest.mark.release
