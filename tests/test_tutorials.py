@@ -9,7 +9,9 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from kernels import execute
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_process import JupyterProcess
+from kernels import execute, run
 from tutorials import EXPECTED_OUTPUT, NOTEBOOKS, code_cells, problems
 
 COLAB = "https://colab.research.google.com/github/ipycloud/ipycloud/blob/main/notebooks/"
@@ -57,3 +59,31 @@ def test_each_tutorial_keeps_the_outputs_of_one_clean_run() -> None:
         # Nothing that changes from one run to the next without the outputs changing.
         assert not [cell for cell in cells if "execution" in cell.metadata], path.name
         assert "widgets" not in notebook.metadata, path.name
+
+
+def test_the_jupyterlab_tutorial_reads_the_routes_of_the_server_that_runs_it(
+        tmp_path: Path) -> None:
+    """Where the tutorials run in the suite, no server runs the kernel; on Binder one does.
+    Here its cells run in a kernel that a real Jupyter server started for the notebook."""
+    (tmp_path / "home").mkdir()
+    server = JupyterProcess(tmp_path / "home", tmp_path)
+    try:
+        server.wait_ready()
+        session = server.api("api/sessions", "POST", {
+            "path": "06-jupyterlab.ipynb", "type": "notebook", "name": "",
+            "kernel": {"name": "python3"}})
+        client = BlockingKernelClient(connection_file=str(
+            Path(server.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{session['kernel']['id']}.json"))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            notebook = nbformat.read(NOTEBOOKS[0].parent / "06-jupyterlab.ipynb", as_version=4)
+            text = "".join(run(client, cell.source) for cell in code_cells(notebook))
+        finally:
+            client.stop_channels()
+    finally:
+        server.close()
+    assert f"Reading the routes of the Jupyter server at {server.base}/" in text
+    assert "06-jupyterlab.ipynb: busy, 1 process(es), RAM " in text
+    assert "platform: Local machine" in text
