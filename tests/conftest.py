@@ -72,6 +72,25 @@ def local_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
+STUBS = Path(__file__).with_name("stubs")
+
+
+def _google_modules() -> list[str]:
+    return [name for name in sys.modules if name == "google" or name.startswith("google.")]
+
+
+@pytest.fixture
+def colab_stub(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The ``google.colab`` stub (tests/stubs) importable for one test, and forgotten after
+    it, so a later test does not find Colab's modules where Colab is not."""
+    monkeypatch.syspath_prepend(str(STUBS))
+    for name in _google_modules():
+        monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in _google_modules():  # imported during the test; the originals come back
+        del sys.modules[name]
+
+
 @pytest.fixture
 def colab_callbacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., Any]]:
     """``google.colab.output.register_callback`` as Colab has it, recording the callbacks."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,10 @@ from ipycloud.runtime.storage.mount import (
     mount,
 )
 
-STUBS = Path(__file__).with_name("stubs")
-
 
 @pytest.fixture
-def colab_drive(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def colab_drive(colab_stub: None) -> Iterator[Any]:
     """The google.colab stub, importable and reset for each test."""
-    monkeypatch.syspath_prepend(str(STUBS))
-    for name in [name for name in sys.modules if name.startswith("google")]:
-        monkeypatch.delitem(sys.modules, name)
     from google.colab import drive
 
     drive.BEHAVIOUR = "ok"

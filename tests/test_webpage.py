@@ -30,7 +30,6 @@ from ipycloud.runtime.per_process import reset_process_state
 
 GIB = 2**30
 MIB = 2**20
-STUBS = Path(__file__).with_name("stubs")
 READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks"}
 
 
@@ -91,12 +90,9 @@ def page_server() -> Iterator[PageServer]:
 
 
 @pytest.fixture
-def colab_output(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def colab_output(monkeypatch: pytest.MonkeyPatch, colab_stub: None) -> Iterator[Any]:
     """A Colab kernel: its marker variable set, the google.colab stub importable and reset."""
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261120-060000_RC00")
-    monkeypatch.syspath_prepend(str(STUBS))
-    for name in [name for name in sys.modules if name.startswith("google")]:
-        monkeypatch.delitem(sys.modules, name)
     from google.colab import output
 
     output.calls.clear()
