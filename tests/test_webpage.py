@@ -22,7 +22,6 @@ from IPython.core.error import UsageError
 from waiting import wait_for
 
 from ipycloud.magics.dashboard_web import PageView, page_height
-from ipycloud.runtime.monitor import probe
 from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import DiskSample, Sample
 from ipycloud.runtime.monitor.webpage import PageServer, serve_page, stop_page
@@ -68,15 +67,6 @@ def scripted_probe() -> Sample:
     return Sample(time=time.time(), cpu_percent=25.0, ram_used=4 * GIB, ram_limit=16 * GIB,
                   ram_available=12 * GIB, swap_used=0, swap_total=0, process_rss=GIB,
                   disks=(DiskSample("working", "/work", 100 * GIB, 10 * GIB, 90 * GIB),))
-
-
-@pytest.fixture(autouse=True)
-def own_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """take_sample()'s probe is made afresh in each test here and dropped after it: a probe
-    keeps the folders and platform it first saw (this test's home, or Colab)."""
-    monkeypatch.setattr(probe, "_probe", None)
-    yield
-    reset_process_state()  # no sampler thread reads through this test's probe afterwards
 
 
 @pytest.fixture

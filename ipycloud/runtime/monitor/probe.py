@@ -31,6 +31,7 @@ from ipycloud.runtime.machine.platform import detect_platform
 from ipycloud.runtime.machine.snapshot import usable_cpus
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
+from ipycloud.runtime.per_process import per_process
 
 logger = logging.getLogger(__name__)
 
@@ -231,8 +232,10 @@ def _with_torch(gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
         return gpus
 
 
-_probe_lock = threading.Lock()
-_probe: Probe | None = None
+@per_process()
+def _shared_probe() -> Probe:
+    """The probe of ``take_sample``: its platform and folders are this process's, read once."""
+    return Probe()
 
 
 def take_sample(advance_cpu: bool = True) -> Sample:
@@ -243,8 +246,4 @@ def take_sample(advance_cpu: bool = True) -> Sample:
     ticks (see ``Probe.read``). Never imports torch; reads torch's CUDA allocator figures
     only when torch is already imported and has initialised CUDA.
     """
-    global _probe
-    with _probe_lock:
-        if _probe is None:
-            _probe = Probe()
-    return _probe.read(advance_cpu)
+    return _shared_probe().read(advance_cpu)
