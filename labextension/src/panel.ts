@@ -7,17 +7,10 @@ import { Widget } from '@lumino/widgets';
 
 import { IEvent, IKernel, IReading } from './api';
 import { element, setText } from './dom';
-import {
-  formatBytes,
-  formatDuration,
-  formatPercent,
-  formatUsage,
-  level,
-  share
-} from './format';
+import { formatDuration, formatUsage, share } from './format';
 import { GpuCard } from './gpucard';
 import { KernelsTable } from './kernels';
-import { MetricRow } from './metric';
+import { MachineRows } from './machine';
 import { ResourceMonitor } from './monitor';
 import { IOptions } from './settings';
 
@@ -44,7 +37,7 @@ export class ResourcePanel extends Widget {
       this._platform,
       this._message,
       this._section('GPUs', 'gpus', this._gpuProblem, this._gpus),
-      this._section('CPU and RAM', 'machine', this._cpu.node, this._ram.node, this._ramNote),
+      this._section('CPU and RAM', 'machine', ...this._machine.nodes),
       this._section('Disks', 'disks', this._disks),
       this._section('Kernels', 'kernels', this._kernels.node),
       this._section('Kernel deaths', 'events', this._events)
@@ -157,31 +150,7 @@ export class ResourcePanel extends Widget {
   }
 
   private _renderMachine(samples: readonly IReading[], latest: IReading): void {
-    const { cpu, ram } = latest;
-    const throttled =
-      cpu.throttled_percent === null ? '' : `, throttled ${formatPercent(cpu.throttled_percent)}`;
-    this._cpu.update(
-      `${formatPercent(cpu.percent)} of ${cpu.cores} cores${throttled}`,
-      samples.map(sample => sample.cpu.percent),
-      100
-    );
-    const ramShare = share(ram.used, ram.limit);
-    this._ram.update(
-      `${formatUsage(ram.used, ram.limit)} (${formatPercent(ramShare)})`,
-      samples.map(sample => share(sample.ram.used, sample.ram.limit)),
-      100,
-      level(ramShare, this._options.ramWarningPercent)
-    );
-    const notes = [
-      ram.limited ? "limit: the container's" : "limit: the machine's RAM (no container limit)"
-    ];
-    if (ram.peak !== null) {
-      notes.push(`peak ${formatBytes(ram.peak)}`);
-    }
-    if (ram.swap_total > 0) {
-      notes.push(`swap ${formatUsage(ram.swap_used, ram.swap_total)}`);
-    }
-    setText(this._ramNote, notes.join(' · '));
+    this._machine.render(samples, latest, this._options.ramWarningPercent);
   }
 
   private _renderDisks(reading: IReading): void {
@@ -235,9 +204,7 @@ export class ResourcePanel extends Widget {
   private _gpuProblem = element('div', { class: 'ipycloud-Card-note' });
   private _gpus = element('div', { class: 'ipycloud-Panel-gpus' });
   private _gpuCards: GpuCard[] = [];
-  private _cpu = new MetricRow('CPU', 'cpu');
-  private _ram = new MetricRow('RAM', 'ram');
-  private _ramNote = element('div', { class: 'ipycloud-Card-note' });
+  private _machine = new MachineRows();
   private _disks = element('div', { class: 'ipycloud-Panel-disks' });
   private _disksShown: string | null = null;
   private _kernels: KernelsTable;

@@ -4,8 +4,9 @@
  */
 import type { IReading } from '../api';
 import { element, setAttribute, setText } from '../dom';
-import { formatBytes, formatDuration, formatPercent, formatUsage, level, share } from '../format';
+import { formatDuration, formatPercent, formatUsage, level, share } from '../format';
 import { GpuCard } from '../gpucard';
+import { MachineRows } from '../machine';
 import { MetricRow } from '../metric';
 import { DEFAULT_OPTIONS } from '../settings';
 import { Connection, KernelPoller } from './poller';
@@ -31,7 +32,7 @@ export class DashboardPage {
         'main',
         { class: 'ipycloud-Page-cards' },
         this._gpus,
-        this._card('CPU and RAM', 'machine', this._cpu.node, this._ram.node, this._ramNote),
+        this._card('CPU and RAM', 'machine', ...this._machine.nodes),
         this._card('Disks', 'disks', this._disks)
       )
     );
@@ -101,30 +102,7 @@ export class DashboardPage {
   }
 
   private _renderMachine(samples: readonly IReading[], latest: IReading): void {
-    const { cpu, ram } = latest;
-    const cores = cpu.cores === null ? '' : ` of ${cpu.cores} cores`;
-    const throttled =
-      cpu.throttled_percent === null ? '' : `, throttled ${formatPercent(cpu.throttled_percent)}`;
-    this._cpu.update(
-      `${formatPercent(cpu.percent)}${cores}${throttled}`,
-      samples.map(sample => sample.cpu.percent),
-      100
-    );
-    const ramShare = share(ram.used, ram.limit);
-    this._ram.update(
-      `${formatUsage(ram.used, ram.limit)} (${formatPercent(ramShare)})`,
-      samples.map(sample => share(sample.ram.used, sample.ram.limit)),
-      100,
-      level(ramShare, DEFAULT_OPTIONS.ramWarningPercent)
-    );
-    const notes = [ram.limited ? "limit: the container's" : "limit: the machine's RAM"];
-    if (ram.peak !== null) {
-      notes.push(`peak ${formatBytes(ram.peak)}`);
-    }
-    if (ram.swap_total > 0) {
-      notes.push(`swap ${formatUsage(ram.swap_used, ram.swap_total)}`);
-    }
-    setText(this._ramNote, notes.join(' · '));
+    this._machine.render(samples, latest, DEFAULT_OPTIONS.ramWarningPercent);
   }
 
   private _renderDisks(samples: readonly IReading[], latest: IReading): void {
@@ -156,9 +134,7 @@ export class DashboardPage {
   private _gpuProblem = element('p', { class: 'ipycloud-Card-note' });
   private _gpus = element('div', { class: 'ipycloud-Page-gpus' });
   private _gpuCards: GpuCard[] = [];
-  private _cpu = new MetricRow('CPU', 'cpu');
-  private _ram = new MetricRow('RAM', 'ram');
-  private _ramNote = element('div', { class: 'ipycloud-Card-note' });
+  private _machine = new MachineRows();
   private _disks = element('div');
   private _diskRows = new Map<string, MetricRow>();
 }
