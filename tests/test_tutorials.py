@@ -5,6 +5,7 @@ badges, the same install cell first) and carry the outputs of one clean run
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -85,5 +86,6 @@ def test_the_jupyterlab_tutorial_reads_the_routes_of_the_server_that_runs_it(
     finally:
         server.close()
     assert f"Reading the routes of the Jupyter server at {server.base}/" in text
-    assert "06-jupyterlab.ipynb: busy, 1 process(es), RAM " in text
+    # The server learns "busy" from the kernel's messages, which may lag behind the cell.
+    assert re.search(r"06-jupyterlab\.ipynb: (busy|idle), 1 process\(es\), RAM ", text)
     assert "platform: Local machine" in text
