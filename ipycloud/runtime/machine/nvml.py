@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from types import ModuleType
@@ -364,7 +365,7 @@ Device = TypeVar("Device")
 Figures = TypeVar("Figures")
 
 
-class _PerInitialisation(Generic[Device, Figures]):
+class _PerInitialisation(ABC, Generic[Device, Figures]):
     """Reads every visible GPU, with what never changes looked up once per NVML
     initialisation. Never raises; () without NVML. Not thread-safe: one reader per thread."""
 
@@ -382,11 +383,13 @@ class _PerInitialisation(Generic[Device, Figures]):
             self._generation = _generation
         return tuple(self._read(nvml, device) for device in self._devices)
 
+    @abstractmethod
     def _look_up(self, nvml: ModuleType, found: _Devices) -> tuple[Device, ...]:
-        raise NotImplementedError
+        """What the readings need of each visible GPU, from NVML's lookup."""
 
+    @abstractmethod
     def _read(self, nvml: ModuleType, device: Device) -> Figures:
-        raise NotImplementedError
+        """One GPU's figures now."""
 
 
 _LiveDevice = tuple[int, Any, str, "float | None"]  # CUDA ordinal, handle, name, power limit W
