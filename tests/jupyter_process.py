@@ -23,6 +23,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def refused(port: int) -> bool:
+    """Whether nothing listens on the loopback port any more."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
 class JupyterProcess:
     """``python -m jupyter <app>`` serving ``root`` on a free loopback port with a token.
 

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from IPython.core.error import UsageError
+from jupyter_process import refused
 from waiting import wait_for
 
 from ipycloud.magics.dashboard_web import PageView, page_height
@@ -51,15 +52,6 @@ def get_json(server: PageServer, route: str, **query: object) -> Any:
     status, content_type, body = get(server, f"/api/{route}?{search}")
     assert (status, content_type) == (200, "application/json"), body
     return json.loads(body)
-
-
-def refused(port: int) -> bool:
-    """Whether nothing listens on the loopback port any more."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 def scripted_probe() -> Sample:

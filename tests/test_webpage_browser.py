@@ -5,7 +5,6 @@ sleeps in a cell, refuses requests without its token, and says "kernel gone" onc
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from browser import ARTIFACTS, browser_page, missing_requirements
+from jupyter_process import refused
 from kernels import kernel, run
 from waiting import wait_for
 
@@ -38,14 +38,6 @@ def _browser_needed() -> None:
 def port_of(iframe_html: str) -> int:
     src = iframe_html.split('src="', 1)[1].split('"', 1)[0]
     return urlsplit(src).port or 0
-
-
-def refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 def status_of(url: str) -> int:
