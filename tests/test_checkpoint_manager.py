@@ -32,8 +32,9 @@ from ipycloud.runtime.checkpoint import (
     CheckpointWarning,
     catalog,
     manager_for,
+    writer_process,
 )
-from ipycloud.runtime.checkpoint.background import background_pays_off
+from ipycloud.runtime.checkpoint.background import background_pays_off, tensor_devices
 from ipycloud.runtime.durable import folder_lock
 from ipycloud.runtime.machine import platform
 
@@ -283,7 +284,23 @@ def test_list_is_in_save_order_with_its_fields(tmp_path: Path) -> None:
 
 # -- asynchronous saves -----------------------------------------------------------------------
 
-def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path) -> None:
+@pytest.fixture(params=["writer process", "thread"])
+def background_writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Background saves by the writer process (Linux) or, where there is none, a thread."""
+    if request.param == "thread":
+        monkeypatch.setattr(writer_process, "supported", lambda: False)
+    return str(request.param)
+
+
+def host_copies(manager: CheckpointManager) -> dict[Any, torch.Tensor]:
+    """The host copies a manager's background saves write from, by place in the state."""
+    if manager._process is not None:
+        return dict(manager._process._buffers._views)
+    return dict(manager._buffers._buffers)
+
+
+def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path,
+                                                           background_writer: str) -> None:
     manager = CheckpointManager(tmp_path / "run", keep_last=None)
     model = nn.Linear(1024, 1024)
     at_save = copy.deepcopy(model.state_dict())
@@ -293,8 +310,9 @@ def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path) -> N
             parameter.add_(1.0)  # before the background write can have finished
     info = manager.wait()
     assert info is not None and info.step == 1 and info.data_path.is_file()
-    buffers = dict(manager._buffers._buffers)
+    buffers = host_copies(manager)
     assert len(buffers) >= 2
+    assert (manager._process is None) == (background_writer == "thread")
     live = {parameter.data_ptr() for parameter in model.parameters()}
     assert not live & {buffer.data_ptr() for buffer in buffers.values()}
 
@@ -304,7 +322,7 @@ def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path) -> N
         for parameter in model.parameters():
             parameter.mul_(0.0)
     assert manager.wait().step == 2  # type: ignore[union-attr]
-    assert {key: id(value) for key, value in manager._buffers._buffers.items()} == {
+    assert {key: id(value) for key, value in host_copies(manager).items()} == {
         key: id(value) for key, value in buffers.items()}  # reused, not reallocated
 
     restored = nn.Linear(1024, 1024)
@@ -324,6 +342,7 @@ def test_a_save_in_the_background_is_listed_as_writing(tmp_path: Path) -> None:
         listed = manager.list()
         table = str(manager.table())
         described = repr(manager)
+        assert manager.writing
     assert [(info.name, info.status) for info in listed] == [
         ("step-000000100", "complete"), ("step-000000120-warm", "writing")]
     assert listed[1].metrics == {"val_loss": 0.5} and listed[1].tag == "warm"
@@ -331,6 +350,7 @@ def test_a_save_in_the_background_is_listed_as_writing(tmp_path: Path) -> None:
     assert described == (f"CheckpointManager({str(folder)!r}, keep_last=3, "
                          "keep_best=('val_loss', 'min', 1), writing step 120)")
     assert manager.wait().name == "step-000000120-warm"  # type: ignore[union-attr]
+    assert not manager.writing
     assert [info.status for info in manager.list()] == ["complete", "complete"]
     assert "step-000000120-warm (latest)" in str(manager.table())
     assert repr(manager) == (f"CheckpointManager({str(folder)!r}, keep_last=3, "
@@ -361,12 +381,6 @@ def test_a_save_whose_manifest_just_appeared_is_listed_once(
     assert listed == [("step-000000005", "complete")]
 
 
-def writer_thread() -> threading.Thread:
-    (thread,) = [thread for thread in threading.enumerate()
-                 if thread.name == "ipycloud-checkpoint-writer"]
-    return thread
-
-
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux scheduling policies")
 def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: Path) -> None:
     folder = tmp_path / "run"
@@ -374,7 +388,8 @@ def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: P
     manager.save({"weights": torch.zeros(8)}, step=0)
     with folder_lock(folder):  # the writer waits for the folder
         manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
-        writer = writer_thread()
+        writer = manager._writer._thread
+        assert writer is not None and writer.name == "ipycloud-checkpoint-writer"
         wait_for(lambda: os.sched_getscheduler(writer.native_id) == os.SCHED_IDLE,
                  what="the writer at idle priority")
         waiter = threading.Thread(target=manager.wait)
@@ -409,8 +424,9 @@ def test_auto_writes_in_the_background_only_when_training_leaves_a_core(
 def test_auto_writes_in_the_background_for_a_state_on_an_accelerator(four_cores: None) -> None:
     torch.set_num_threads(4)
     on_cpu = {"model": {"weight": torch.ones(2)}, "step": 3}
-    assert not background_pays_off(on_cpu)
-    assert background_pays_off({**on_cpu, "moments": [torch.empty(2, device="meta")]})
+    assert not background_pays_off(tensor_devices(on_cpu))
+    assert background_pays_off(tensor_devices(
+        {**on_cpu, "moments": [torch.empty(2, device="meta")]}))
 
 
 @pytest.mark.parametrize("blocking", [1, "yes", None])

@@ -6,8 +6,11 @@ Holds the checkpoint manager and its parts; may import ``machine`` and the share
 manifest, checksums this process knows), ``state`` (live objects to saveable state),
 ``restore`` (saved state back into live objects, all or nothing), ``rng`` (random
 generator states), ``auto`` (the objects registered for automatic saving), ``per_folder``
-(the one manager of each folder that every front shares). Atomic, durable file writes
-come from ``ipycloud.runtime.durable``.
+(the one manager of each folder that every front shares), ``data_file`` (the data file's
+serialization), ``background`` (the thread that carries an asynchronous save),
+``shared_buffers``, ``writer_process`` and ``writer_child`` (host copies in shared memory,
+written by a child process). Atomic, durable file writes come from
+``ipycloud.runtime.durable``.
 """
 
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable

@@ -11,7 +11,6 @@ import os
 import pickle
 import re
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -21,9 +20,14 @@ from typing import Any, Literal
 
 from ipycloud._version import __version__
 from ipycloud.runtime._optional import is_available, require
-from ipycloud.runtime.checkpoint import catalog, integrity, rng
-from ipycloud.runtime.checkpoint.background import BackgroundWrite, background_pays_off
+from ipycloud.runtime.checkpoint import catalog, integrity, rng, writer_process
+from ipycloud.runtime.checkpoint.background import (
+    BackgroundWriter,
+    background_pays_off,
+    tensor_devices,
+)
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
+from ipycloud.runtime.checkpoint.data_file import write_data_file
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
     CheckpointWarning,
@@ -31,16 +35,18 @@ from ipycloud.runtime.checkpoint.errors import (
 )
 from ipycloud.runtime.checkpoint.restore import restore
 from ipycloud.runtime.checkpoint.state import HostBuffers, capture
+from ipycloud.runtime.checkpoint.writer_process import WriterProcess
 from ipycloud.runtime.durable import (
+    FileDigest,
     folder_lock,
     fsync_folder,
     side_by_side,
     stale_temporaries,
-    write_atomically,
 )
 
 Which = str | int
 Blocking = bool | Literal["auto"]
+WriteData = Callable[[Path, Any], FileDigest]  # writes a payload to a data file atomically
 
 KEEP_LAST = 3  # the newest checkpoints a folder keeps unless told otherwise
 
@@ -63,8 +69,10 @@ class CheckpointManager:
         self.directory = Path(directory) if directory is not None else default_directory(run)
         self.keep_last = keep_last
         self.keep_best = None if keep_best is None else _keep_best_rule(keep_best)
-        self._buffers = HostBuffers()
-        self._writer: BackgroundWrite | None = None
+        self._buffers = HostBuffers()  # for states on an accelerator, written by a thread
+        self._process: WriterProcess | None = None  # writes states in host memory
+        self._writer = BackgroundWriter("ipycloud-checkpoint-writer")
+        weakref.finalize(self, self._writer.close)
         self._failure: BaseException | None = None
         self._last_written: CheckpointInfo | None = None
         self._pending: CheckpointInfo | None = None  # until its manifest is written
@@ -83,11 +91,12 @@ class CheckpointManager:
              tag: str | None = None, blocking: Blocking = True) -> CheckpointInfo | None:
         """Save ``state`` (names -> live objects) as the checkpoint of ``step``.
 
-        With ``blocking=False`` the state is copied to reused host buffers and written by a
-        background thread at idle CPU priority; this returns None at once, and ``wait()``
-        gives the result. At most one write is in flight: the next call waits for it and
-        raises its failure. ``blocking="auto"`` writes in the background only where that
-        costs a training loop less: the state is on an accelerator, or torch's threads
+        With ``blocking=False`` the state is copied to reused host buffers and written in
+        the background at idle CPU priority: by a writer process (Linux, a state in host
+        memory) or a thread. This returns None at once, and ``wait()`` gives the result.
+        At most one write is in flight: the next call waits for it and raises its failure.
+        ``blocking="auto"`` writes in the background only where that costs a training loop
+        less: the state is on an accelerator, or torch's threads
         leave a core free; otherwise it writes at once and returns the checkpoint.
         """
         self.wait()
@@ -111,42 +120,79 @@ class CheckpointManager:
             "keep_best": None if self.keep_best is None else list(self.keep_best)}
         payload = {"format": catalog.FORMAT, "state": captured.saved, "kinds": captured.kinds,
                    "shapes": captured.shapes, "rng": rng_states}
-        in_background = (background_pays_off(captured.saved) if blocking == "auto"
-                         else not blocking)
+        devices = tensor_devices(captured.saved)
+        in_background = background_pays_off(devices) if blocking == "auto" else not blocking
         if not in_background:
-            return self._write(details, payload)
-        payload = self._buffers.copy(payload)
+            return self._write(details, payload, write_data_file)
+        staged, write_data = self._stage(payload, in_host_memory=devices <= {"cpu"})
         self._pending = CheckpointInfo(name=catalog.base_name(step, tag),
                                        directory=self.directory, sequence=0,
                                        status=catalog.WRITING, **details)
-        self._writer = BackgroundWrite(lambda: self._write_in_background(details, payload),
-                                       name="ipycloud-checkpoint-writer")
+        self._writer.submit(lambda: self._write_in_background(details, staged, write_data))
         return None
+
+    def _stage(self, payload: dict[str, Any],
+               in_host_memory: bool) -> tuple[dict[str, Any], WriteData]:
+        """Copy the live state in ``payload`` into host buffers; return the payload with
+        the copy, and what will write it. (The rest of the payload is made afresh by each
+        save.)
+
+        A state in host memory goes to shared memory for the writer process, where this
+        system has one and the memory can be had; a state on an accelerator goes to pinned
+        buffers for a thread.
+        """
+        if writer_process.supported() and in_host_memory:
+            if self._process is None or not self._process.owned_here():
+                self._process = WriterProcess()  # a forked child starts its own
+            with contextlib.suppress(OSError):  # no shared memory: a thread writes it
+                staged = self._process.stage(payload["state"])
+                return {**payload, "state": staged}, self._process.write
+        return {**payload, "state": self._buffers.copy(payload["state"])}, write_data_file
+
+    @property
+    def writing(self) -> bool:
+        """Whether an asynchronous save is still being written (``wait()`` would block)."""
+        return self._writer.busy()
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for an asynchronous save; raise its failure; return the last checkpoint written."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.join()
+        if self._process is not None and self._process.owned_here():
+            self._process.hurry()
+        self._writer.join()
         failure, self._failure = self._failure, None
         if failure is not None:
             raise CheckpointError(f"the previous asynchronous save failed: {failure}") from failure
         return self._last_written
 
-    def _write_in_background(self, details: dict[str, Any], payload: dict[str, Any]) -> None:
+    def close(self) -> None:
+        """Wait for an asynchronous save (raising its failure), then end the writer process.
+
+        The manager stays usable: a later background save starts a new writer.
+        """
         try:
-            self._write(details, payload)
+            self.wait()
+        finally:
+            self._writer.close()
+            if self._process is not None and self._process.owned_here():
+                self._process.close()
+            self._process = None
+
+    def _write_in_background(self, details: dict[str, Any], payload: dict[str, Any],
+                             write_data: WriteData) -> None:
+        try:
+            self._write(details, payload, write_data)
         except BaseException as error:  # kept for the next call, never lost
             self._failure = error
         finally:
             self._pending = None
 
-    def _write(self, details: dict[str, Any], payload: dict[str, Any]) -> CheckpointInfo:
+    def _write(self, details: dict[str, Any], payload: dict[str, Any],
+               write_data: WriteData) -> CheckpointInfo:
         """Write one checkpoint; its name and sequence number are picked under the lock.
 
-        ``details`` are the CheckpointInfo fields other than name, directory and sequence.
+        ``details`` are the CheckpointInfo fields other than name, directory and sequence;
+        ``write_data`` writes the payload to the data file.
         """
-        torch = require("torch", "torch")
         with folder_lock(self.directory):
             self._remove_leftovers()
             infos, _ = catalog.read_catalog(self.directory)
@@ -155,8 +201,7 @@ class CheckpointManager:
                 directory=self.directory, sequence=infos[-1].sequence + 1 if infos else 1,
                 **details)
             try:
-                digest = write_atomically(info.data_path,
-                                          lambda file: _serialize(torch, payload, file))
+                digest = write_data(info.data_path, payload)
                 integrity.remember_written(info.data_path, digest.crc32)
                 info = dataclasses.replace(info, files={info.data_path.name: {
                     "size": digest.size, "crc32": digest.crc32}})
@@ -407,27 +452,6 @@ def _not_found(which: Which, infos: list[CheckpointInfo], directory: Path) -> st
     return f"no checkpoint tagged or named {which!r} in {directory} (tags: {tags})"
 
 
-_SERIALIZE_LOCK = threading.Lock()
-
-
-def _serialize(torch: Any, payload: dict[str, Any], file: Any) -> None:
-    """torch.save without torch's own per-record CRC-32: the manifest's checksum covers it.
-
-    The switch is process-wide, so it is flipped under a lock and always put back.
-    """
-    options = torch.serialization
-    if not hasattr(options, "set_crc32_options"):
-        torch.save(payload, file)
-        return
-    with _SERIALIZE_LOCK:
-        previous = options.get_crc32_options()
-        options.set_crc32_options(False)
-        try:
-            torch.save(payload, file)
-        finally:
-            options.set_crc32_options(previous)
-
-
 def _load_or_failure(info: CheckpointInfo,
                      map_location: Any) -> tuple[dict[str, Any], Exception | None]:
     """A safe load's payload, or the exception it raised (a damaged file raises too)."""
@@ -529,6 +553,6 @@ def _wait_for_writes_at_exit() -> None:
     """Interpreter exit waits for asynchronous saves; a failure is reported, not lost."""
     for manager in list(_LIVE_MANAGERS):
         try:
-            manager.wait()
+            manager.close()
         except CheckpointError as error:
             print(f"ipycloud: {error}", file=sys.stderr)

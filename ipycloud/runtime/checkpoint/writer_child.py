@@ -1,0 +1,53 @@
+"""The checkpoint writer process's side: map the shared region, write what is asked.
+
+Started by ``writer_process.WriterProcess`` as ``python -c ... main(FD)``. Each request
+is a target path and a pickled state whose tensors refer into the shared region; each
+reply says what happened: ("ok", size, crc32), ("oserror", errno, strerror) or ("error",
+text). The process exits when its socket reaches its end.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+from ipycloud.runtime.checkpoint import shared_buffers
+from ipycloud.runtime.checkpoint.data_file import write_data_file
+from ipycloud.runtime.checkpoint.writer_process import receive_message, send_message
+
+
+def main(fd: int) -> None:
+    """Serve write requests on the socket ``fd`` until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    region: mmap.mmap | None = None
+    with socket.socket(fileno=fd) as sock:
+        while (message := receive_message(sock)) is not None:
+            body, fds = message
+            if fds:
+                region = _map(fds)
+            send_message(sock, pickle.dumps(_write(body, region)))
+
+
+def _map(fds: list[int]) -> mmap.mmap:
+    """Map the newest region received; close every descriptor."""
+    try:
+        return mmap.mmap(fds[-1], os.fstat(fds[-1]).st_size)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _write(body: bytes, region: mmap.mmap | None) -> tuple[Any, ...]:
+    path, state = pickle.loads(body)
+    try:
+        digest = write_data_file(Path(path), shared_buffers.loads(state, region))
+    except OSError as error:
+        return ("oserror", error.errno, error.strerror or str(error))
+    except Exception as error:
+        return ("error", f"{type(error).__name__}: {error}")
+    return ("ok", digest.size, digest.crc32)

@@ -1,0 +1,196 @@
+"""A child process that writes checkpoint data files from shared host buffers.
+
+A thread writing a checkpoint competes with the training loop for the GIL: torch.save's
+pickling and its writes through a Python file object hold it, and every time the loop's
+thread lets go of it for a torch operation, it may have to wait to get it back. The writer
+process has an interpreter of its own, so the loop pays for the copy into shared memory
+and little else. It starts at the first background save (its import of torch, about a
+second, runs beside the loop), writes at idle CPU priority until someone waits for it,
+ignores interrupts (Jupyter's Stop signals the kernel's whole process group) and ends when
+this process closes its socket. The request and reply cross a socket pair, framed by a
+length; the region's descriptor travels with a request as ancillary data.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import weakref
+from pathlib import Path
+from typing import Any
+
+from ipycloud.runtime.checkpoint import shared_buffers
+from ipycloud.runtime.checkpoint.background import set_idle
+from ipycloud.runtime.checkpoint.errors import CheckpointError
+from ipycloud.runtime.checkpoint.shared_buffers import SharedHostBuffers
+from ipycloud.runtime.durable import FileDigest
+
+_HEADER = struct.Struct("<Q")  # the length of the pickled message that follows
+_CHILD_CODE = ("import sys; from ipycloud.runtime.checkpoint.writer_child import main; "
+               "main(int(sys.argv[1]))")
+
+
+def supported() -> bool:
+    """Whether this system can share memory and pass descriptors with a child (Linux)."""
+    return shared_buffers.supported() and hasattr(socket, "send_fds")
+
+
+class WriterProcess:
+    """Stages a state in shared memory and has a child process write it to a file."""
+
+    def __init__(self) -> None:
+        self._buffers = SharedHostBuffers()
+        self._owner = os.getpid()
+        self._lock = threading.Lock()  # one request at a time on the socket
+        self._priority_lock = threading.Lock()
+        self._hurried = False  # someone waits for the current save
+        self._child: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+        self._child_generation = 0  # the region the child has mapped
+        self._finalizer: weakref.finalize[Any, WriterProcess] | None = None
+
+    def __repr__(self) -> str:
+        child = "not started" if self._child is None else f"pid {self._child.pid}"
+        return f"WriterProcess({child})"
+
+    @property
+    def pid(self) -> int | None:
+        """The child's PID, or None before the first write."""
+        return None if self._child is None else self._child.pid
+
+    def owned_here(self) -> bool:
+        """False in a process forked from the one that made this object."""
+        return self._owner == os.getpid()
+
+    def stage(self, payload: Any) -> Any:
+        """A copy of ``payload`` whose tensors are in shared memory (the caller's cost)."""
+        with self._priority_lock:
+            self._hurried = False  # a new save: written at idle priority until waited for
+        return self._buffers.copy(payload)
+
+    def write(self, path: Path, staged: Any) -> FileDigest:
+        """Have the child write ``staged`` (a result of ``stage``) to ``path`` atomically.
+
+        Raises the child's OSError, or CheckpointError if the child failed or died.
+        """
+        request = pickle.dumps((str(path), self._buffers.dumps(staged)))
+        with self._lock:
+            child, sock = self._running_child()
+            with self._priority_lock:
+                set_idle(child.pid, not self._hurried)
+            new_region = self._child_generation != self._buffers.generation
+            try:
+                send_message(sock, request, [self._buffers.fd] if new_region else [])
+                self._child_generation = self._buffers.generation
+                reply = receive_message(sock)
+            except (OSError, EOFError):
+                reply = None
+            if reply is None:
+                self._forget_child()
+                raise CheckpointError(f"the checkpoint writer process (pid {child.pid}) "
+                                      f"{_exit_description(child)} before {path.name} "
+                                      "was written")
+        return _digest_of(pickle.loads(reply[0]), path)
+
+    def hurry(self) -> None:
+        """Give the child normal CPU priority: someone is waiting for its write."""
+        with self._priority_lock:
+            self._hurried = True
+            if self._child is not None:
+                set_idle(self._child.pid, False)
+
+    def close(self) -> None:
+        """End the child (it exits when its socket closes) and free the region."""
+        self._forget_child()
+        self._buffers.close()
+
+    def _running_child(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        if self._child is None or self._socket is None or self._child.poll() is not None:
+            self._forget_child()
+            self._start_child()
+        assert self._child is not None and self._socket is not None
+        return self._child, self._socket
+
+    def _start_child(self) -> None:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            environment = {**os.environ,
+                           "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, env=environment, start_new_session=True)
+        self._socket, self._child_generation = ours, 0
+        self._finalizer = weakref.finalize(self, _end_child, ours, self._child, self._owner)
+        self._finalizer.atexit = False  # exit waits for writes first (CheckpointManager)
+
+    def _forget_child(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._child, self._socket, self._finalizer = None, None, None
+
+
+def _end_child(sock: socket.socket, child: subprocess.Popen[bytes], owner: int) -> None:
+    """Close the child's socket and reap it: it exits when it reads the end.
+
+    A forked copy of the owner only closes its copy of the socket.
+    """
+    sock.close()
+    if os.getpid() != owner:
+        return
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def send_message(sock: socket.socket, body: bytes, fds: list[int | None] | None = None) -> None:
+    """Send ``body`` framed by its length, with ``fds`` passed along with the header."""
+    descriptors = [fd for fd in fds or [] if fd is not None]
+    socket.send_fds(sock, [_HEADER.pack(len(body))], descriptors)
+    sock.sendall(body)
+
+
+def receive_message(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """The next message and the descriptors that came with it; None at the end."""
+    header, fds, _flags, _address = socket.recv_fds(sock, _HEADER.size, 1)
+    if not header:
+        return None
+    header += _receive_exactly(sock, _HEADER.size - len(header))
+    (size,) = _HEADER.unpack(header)
+    return _receive_exactly(sock, size), fds
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytes:
+    received = bytearray()
+    while len(received) < size:
+        chunk = sock.recv(min(size - len(received), 1 << 20))
+        if not chunk:
+            raise EOFError("the other end closed mid-message")
+        received += chunk
+    return bytes(received)
+
+
+def _digest_of(reply: tuple[Any, ...], path: Path) -> FileDigest:
+    """The child's reply: ("ok", size, crc32), ("oserror", errno, strerror) or ("error", text)."""
+    if reply[0] == "ok":
+        return FileDigest(reply[1], reply[2])
+    if reply[0] == "oserror":
+        raise OSError(reply[1], reply[2], str(path))
+    raise CheckpointError(f"the checkpoint writer process could not write {path.name}: "
+                          f"{reply[1]}")
+
+
+def _exit_description(child: subprocess.Popen[bytes]) -> str:
+    code = child.poll()
+    if code is None:
+        return "stopped answering"
+    if code < 0:
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"

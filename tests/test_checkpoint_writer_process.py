@@ -1,0 +1,228 @@
+"""Background saves of host-memory states are written by a child process (Linux)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from checkpoint_helpers import differences, in_child
+from torch import nn
+from waiting import wait_for
+
+from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager, writer_process
+
+pytestmark = pytest.mark.skipif(not writer_process.supported(),
+                                reason="the writer process needs Linux's memfd_create")
+
+
+def parent_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("PPid:")))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def writer_pid(manager: CheckpointManager) -> int:
+    assert manager._process is not None and manager._process.pid is not None
+    return manager._process.pid
+
+
+def steps_and_status(manager: CheckpointManager) -> list[tuple[int, str]]:
+    return [(info.step, info.status) for info in manager.list()]
+
+
+def test_one_child_writes_every_background_save_and_ends_on_close(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run", keep_last=None)
+    model = nn.Linear(64, 32)
+    manager.save({"model": model}, step=1, blocking=False)
+    manager.wait()
+    pid = writer_pid(manager)
+    assert pid != os.getpid() and parent_of(pid) == os.getpid()
+    expected = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    manager.save({"model": model}, step=2, blocking=False)
+    with torch.no_grad():
+        model.weight.fill_(3.0)  # after the copy: the file holds the values at save time
+    manager.wait()
+    assert writer_pid(manager) == pid
+    restored = nn.Linear(64, 32)
+    manager.load({"model": restored}, which=2)
+    assert differences(restored.state_dict(), expected) == []
+    manager.close()
+    assert manager._process is None and not alive(pid)
+    assert manager.save({"model": model}, step=3, blocking=False) is None  # a new writer
+    assert manager.wait().step == 3  # type: ignore[union-attr]
+    assert writer_pid(manager) != pid
+    manager.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux scheduling policies")
+def test_the_writer_writes_at_idle_priority_until_waited_for(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    manager.wait()
+    pid = writer_pid(manager)
+    assert os.sched_getscheduler(pid) == os.SCHED_OTHER  # waited for: normal priority
+    manager.save({"weights": torch.ones(8)}, step=2, blocking=False)
+    wait_for(lambda: any(info.step == 2 and info.status == "complete"
+                         for info in manager.list()), what="step 2 written unwaited")
+    assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+    manager.wait()
+    assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+    manager.close()
+
+
+def test_the_writer_ignores_interrupts_meant_for_the_kernel(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    manager.wait()
+    pid = writer_pid(manager)
+    os.kill(pid, signal.SIGINT)  # what Jupyter's Stop sends to the kernel's process group
+    manager.save({"weights": torch.ones(8)}, step=2, blocking=False)
+    assert manager.wait().step == 2  # type: ignore[union-attr]
+    assert writer_pid(manager) == pid
+    manager.close()
+
+
+def test_a_writer_killed_mid_save_fails_that_save_and_the_next_starts_anew(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    manager = CheckpointManager(tmp_path / "run", keep_last=None)
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    manager.wait()
+    pid = writer_pid(manager)
+    os.kill(pid, signal.SIGSTOP)  # the request waits in its socket, unread
+    receive = writer_process.receive_message
+
+    def killed_first(sock: Any) -> Any:
+        os.kill(pid, signal.SIGKILL)
+        return receive(sock)
+
+    monkeypatch.setattr(writer_process, "receive_message", killed_first)
+    manager.save({"weights": torch.full((8,), 2.0)}, step=2, blocking=False)
+    with pytest.raises(CheckpointError, match=(
+            rf"asynchronous save failed: the checkpoint writer process \(pid {pid}\) was "
+            r"killed by signal 9 before step-000000002\.pt was written")):
+        manager.wait()
+    monkeypatch.undo()
+    assert steps_and_status(manager) == [(1, "complete")]
+    manager.save({"weights": torch.full((8,), 3.0)}, step=3, blocking=False)
+    assert manager.wait().step == 3  # type: ignore[union-attr]
+    assert writer_pid(manager) != pid
+    assert steps_and_status(manager) == [(1, "complete"), (3, "complete")]
+    manager.close()
+
+
+def _write_error_in_the_writer(folder: str) -> dict[str, Any]:
+    """The writer starts under a 64 KiB file size cap that this process then lifts."""
+    manager = CheckpointManager(folder, keep_last=None)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+        manager.wait()  # the writer now runs under the cap
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    outcome: dict[str, Any] = {"writer": writer_pid(manager)}
+    manager.save({"weights": torch.ones(1 << 18)}, step=2, blocking=False)
+    try:
+        manager.wait()
+    except CheckpointError as error:
+        outcome["error"] = str(error)
+    outcome["listed"] = steps_and_status(manager)
+    outcome["leftovers"] = sorted(path.name for path in Path(folder).iterdir()
+                                  if path.name.startswith(".tmp-"))
+    manager.close()
+    return outcome
+
+
+def test_a_write_error_in_the_writer_reads_as_one_in_this_process(tmp_path: Path) -> None:
+    folder = tmp_path / "my ckpts"
+    outcome = in_child(_write_error_in_the_writer, str(folder))
+    assert outcome["writer"] != os.getpid()
+    assert outcome["error"] == (
+        f"the previous asynchronous save failed: could not write step-000000002 in {folder}: "
+        "File too large; the previous checkpoints are untouched")
+    assert outcome["listed"] == [(1, "complete")]
+    assert outcome["leftovers"] == []
+
+
+def test_a_state_that_changes_shape_gets_a_new_region_and_loads_exactly(
+        tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run", keep_last=None)
+    torch.manual_seed(0)
+    small = nn.Linear(4, 4)
+    optimizer = torch.optim.Adam(small.parameters())
+    small(torch.randn(2, 4)).sum().backward()
+    optimizer.step()  # Adam's moments and its 0-d step counters
+    odd = {"empty": torch.empty(0, 3), "mask": torch.tensor([True, False, True]),
+           "half": torch.randn(5, dtype=torch.bfloat16), "counts": torch.arange(7),
+           "strided": torch.arange(12.0).reshape(3, 4).t()}
+    first = {"model": small, "optimizer": optimizer, **odd}
+    expected_first = {"model": {k: v.clone() for k, v in small.state_dict().items()},
+                      **{name: tensor.clone() for name, tensor in odd.items()}}
+    manager.save(first, step=1, blocking=False)
+    manager.wait()
+    assert manager._process is not None
+    regions = manager._process._buffers.generation
+    manager.save(first, step=2, blocking=False)
+    manager.wait()
+    assert manager._process._buffers.generation == regions  # same layout, same region
+    grown = nn.Linear(8, 3)
+    manager.save({"model": grown}, step=3, blocking=False)
+    manager.wait()
+    assert manager._process._buffers.generation == regions + 1
+
+    restored = {"model": nn.Linear(4, 4), **{name: torch.zeros_like(tensor)
+                                             for name, tensor in odd.items()}}
+    manager.load(restored, which=1, strict=False)
+    assert differences({"model": restored["model"].state_dict(),
+                        **{name: restored[name] for name in odd}}, expected_first) == []
+    optimizer_state = torch.load(manager.list()[0].data_path,
+                                 weights_only=True)["state"]["optimizer"]
+    assert differences(optimizer_state, optimizer.state_dict()) == []
+    restored_grown = nn.Linear(8, 3)
+    manager.load({"model": restored_grown}, which=3)
+    assert differences(restored_grown.state_dict(), grown.state_dict()) == []
+    manager.close()
+
+
+def _save_in_a_fork(folder: str) -> dict[str, Any]:
+    manager = _FORKED_MANAGER
+    manager.save({"weights": torch.full((8,), 5.0)}, step=5, blocking=False)
+    info = manager.wait()
+    outcome = {"writer": writer_pid(manager), "step": info.step if info else None}
+    manager.close()
+    return outcome
+
+
+_FORKED_MANAGER: CheckpointManager
+
+
+def test_a_forked_process_starts_a_writer_of_its_own(tmp_path: Path) -> None:
+    global _FORKED_MANAGER
+    manager = _FORKED_MANAGER = CheckpointManager(tmp_path / "run", keep_last=None)
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    manager.wait()
+    ours = writer_pid(manager)
+    outcome = in_child(_save_in_a_fork, str(tmp_path / "run"))
+    assert outcome["step"] == 5 and outcome["writer"] != ours
+    assert alive(ours)  # the fork's exit left our writer alone
+    assert manager._process is not None  # the fork staged in memory of its own, not ours:
+    assert [view.tolist() for view in manager._process._buffers._views.values()] == [[1.0] * 8]
+    manager.save({"weights": torch.ones(8)}, step=6, blocking=False)
+    assert manager.wait().step == 6  # type: ignore[union-attr]
+    assert writer_pid(manager) == ours
+    assert [step for step, _ in steps_and_status(manager)] == [1, 5, 6]
+    manager.close()
