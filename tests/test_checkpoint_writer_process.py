@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,13 @@ from checkpoint_helpers import differences, in_child
 from torch import nn
 from waiting import wait_for
 
-from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager, writer_process
+from ipycloud.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    manager_for,
+    writer_process,
+)
+from ipycloud.runtime.per_process import reset_process_state
 
 pytestmark = pytest.mark.skipif(not writer_process.supported(),
                                 reason="the writer process needs Linux's memfd_create")
@@ -226,3 +233,26 @@ def test_a_forked_process_starts_a_writer_of_its_own(tmp_path: Path) -> None:
     assert writer_pid(manager) == ours
     assert [step for step, _ in steps_and_status(manager)] == [1, 5, 6]
     manager.close()
+
+
+def test_without_an_interpreter_to_start_the_thread_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no python here"))
+    manager = CheckpointManager(tmp_path / "run")
+    weights = torch.arange(8.0)
+    assert manager.save({"weights": weights}, step=1, blocking=False) is None
+    assert manager.wait().step == 1  # type: ignore[union-attr]
+    assert manager._process is not None and manager._process.pid is None
+    restored = torch.zeros(8)
+    manager.load({"weights": restored})
+    assert restored.tolist() == weights.tolist()
+    manager.close()
+
+
+def test_forgetting_the_process_state_ends_the_folders_writers(tmp_path: Path) -> None:
+    manager = manager_for(tmp_path / "run")
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    manager.wait()
+    pid = writer_pid(manager)
+    reset_process_state()
+    assert manager._process is None and not alive(pid)

@@ -14,7 +14,7 @@ import sys
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -548,11 +548,16 @@ def _versions() -> dict[str, str | None]:
 _LIVE_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
 
 
-@atexit.register
-def _wait_for_writes_at_exit() -> None:
-    """Interpreter exit waits for asynchronous saves; a failure is reported, not lost."""
-    for manager in list(_LIVE_MANAGERS):
+def close_all(managers: Iterable[CheckpointManager]) -> None:
+    """Close each manager (waiting for its saves); a failed save is reported, not lost."""
+    for manager in managers:
         try:
             manager.close()
         except CheckpointError as error:
             print(f"ipycloud: {error}", file=sys.stderr)
+
+
+@atexit.register
+def _wait_for_writes_at_exit() -> None:
+    """Interpreter exit waits for asynchronous saves and ends the writer processes."""
+    close_all(list(_LIVE_MANAGERS))

@@ -11,13 +11,18 @@ import os
 import threading
 from pathlib import Path
 
-from ipycloud.runtime.checkpoint.manager import KEEP_LAST, CheckpointManager, check_keep_last
+from ipycloud.runtime.checkpoint.manager import (
+    KEEP_LAST,
+    CheckpointManager,
+    check_keep_last,
+    close_all,
+)
 from ipycloud.runtime.per_process import per_process
 
 _lock = threading.Lock()
 
 
-@per_process()
+@per_process(close=lambda managers: close_all(managers.values()))
 def _managers() -> dict[Path, CheckpointManager]:
     """Each folder's manager, by its absolute path."""
     return {}

@@ -26,6 +26,7 @@ from typing import Any
 
 from ipycloud.runtime.checkpoint import shared_buffers
 from ipycloud.runtime.checkpoint.background import set_idle
+from ipycloud.runtime.checkpoint.data_file import write_data_file
 from ipycloud.runtime.checkpoint.errors import CheckpointError
 from ipycloud.runtime.checkpoint.shared_buffers import SharedHostBuffers
 from ipycloud.runtime.durable import FileDigest
@@ -76,11 +77,16 @@ class WriterProcess:
     def write(self, path: Path, staged: Any) -> FileDigest:
         """Have the child write ``staged`` (a result of ``stage``) to ``path`` atomically.
 
-        Raises the child's OSError, or CheckpointError if the child failed or died.
+        Where no child can be started (no interpreter at ``sys.executable``, as in some
+        embedded Pythons), the calling thread writes it. Raises the child's OSError, or
+        CheckpointError if the child failed or died.
         """
         request = pickle.dumps((str(path), self._buffers.dumps(staged)))
         with self._lock:
-            child, sock = self._running_child()
+            try:
+                child, sock = self._running_child()
+            except OSError:
+                return write_data_file(path, staged)
             with self._priority_lock:
                 set_idle(child.pid, not self._hurried)
             new_region = self._child_generation != self._buffers.generation
@@ -118,13 +124,16 @@ class WriterProcess:
 
     def _start_child(self) -> None:
         ours, theirs = socket.socketpair()
-        with theirs:
-            environment = {**os.environ,
-                           "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
-            self._child = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, env=environment, start_new_session=True)
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))}
+        try:
+            with theirs:
+                self._child = subprocess.Popen(
+                    [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno())],
+                    pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, env=environment, start_new_session=True)
+        except BaseException:
+            ours.close()
+            raise
         self._socket, self._child_generation = ours, 0
         self._finalizer = weakref.finalize(self, _end_child, ours, self._child, self._owner)
         self._finalizer.atexit = False  # exit waits for writes first (CheckpointManager)
