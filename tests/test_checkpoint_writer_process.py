@@ -46,6 +46,13 @@ def writer_pid(manager: CheckpointManager) -> int:
     return manager._process.pid
 
 
+def started_writer(manager: CheckpointManager) -> int:
+    """Save step 1 in the background and wait for it; the writer process's PID."""
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    manager.wait()
+    return writer_pid(manager)
+
+
 def steps_and_status(manager: CheckpointManager) -> list[tuple[int, str]]:
     return [(info.step, info.status) for info in manager.list()]
 
@@ -77,9 +84,7 @@ def test_one_child_writes_every_background_save_and_ends_on_close(tmp_path: Path
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux scheduling policies")
 def test_the_writer_writes_at_idle_priority_until_waited_for(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "run")
-    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
-    manager.wait()
-    pid = writer_pid(manager)
+    pid = started_writer(manager)
     assert os.sched_getscheduler(pid) == os.SCHED_OTHER  # waited for: normal priority
     manager.save({"weights": torch.ones(8)}, step=2, blocking=False)
     wait_for(lambda: any(info.step == 2 and info.status == "complete"
@@ -92,9 +97,7 @@ def test_the_writer_writes_at_idle_priority_until_waited_for(tmp_path: Path) -> 
 
 def test_the_writer_ignores_interrupts_meant_for_the_kernel(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "run")
-    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
-    manager.wait()
-    pid = writer_pid(manager)
+    pid = started_writer(manager)
     os.kill(pid, signal.SIGINT)  # what Jupyter's Stop sends to the kernel's process group
     manager.save({"weights": torch.ones(8)}, step=2, blocking=False)
     assert manager.wait().step == 2  # type: ignore[union-attr]
@@ -105,9 +108,7 @@ def test_the_writer_ignores_interrupts_meant_for_the_kernel(tmp_path: Path) -> N
 def test_a_writer_killed_mid_save_fails_that_save_and_the_next_starts_anew(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     manager = CheckpointManager(tmp_path / "run", keep_last=None)
-    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
-    manager.wait()
-    pid = writer_pid(manager)
+    pid = started_writer(manager)
     os.kill(pid, signal.SIGSTOP)  # the request waits in its socket, unread
     receive = writer_process.receive_message
 
@@ -220,9 +221,7 @@ _FORKED_MANAGER: CheckpointManager
 def test_a_forked_process_starts_a_writer_of_its_own(tmp_path: Path) -> None:
     global _FORKED_MANAGER
     manager = _FORKED_MANAGER = CheckpointManager(tmp_path / "run", keep_last=None)
-    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
-    manager.wait()
-    ours = writer_pid(manager)
+    ours = started_writer(manager)
     outcome = in_child(_save_in_a_fork, str(tmp_path / "run"))
     assert outcome["step"] == 5 and outcome["writer"] != ours
     assert alive(ours)  # the fork's exit left our writer alone
@@ -251,8 +250,6 @@ def test_without_an_interpreter_to_start_the_thread_writes(
 
 def test_forgetting_the_process_state_ends_the_folders_writers(tmp_path: Path) -> None:
     manager = manager_for(tmp_path / "run")
-    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
-    manager.wait()
-    pid = writer_pid(manager)
+    pid = started_writer(manager)
     reset_process_state()
     assert manager._process is None and not alive(pid)
