@@ -253,3 +253,23 @@ def test_forgetting_the_process_state_ends_the_folders_writers(tmp_path: Path) -
     pid = started_writer(manager)
     reset_process_state()
     assert manager._process is None and not alive(pid)
+
+
+def test_close_ends_the_writer_while_a_fork_holds_a_copy_of_its_socket(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    started_writer(manager)
+    assert manager._process is not None and manager._process._child is not None
+    child = manager._process._child
+    reader, writer = os.pipe()
+    fork = os.fork()
+    if fork == 0:  # holds a copy of every descriptor until the pipe closes
+        os.close(writer)
+        os.read(reader, 1)
+        os._exit(0)
+    os.close(reader)
+    try:
+        manager.close()
+        assert child.returncode == 0  # it read the end and exited: not killed after a wait
+    finally:
+        os.close(writer)
+        os.waitpid(fork, 0)

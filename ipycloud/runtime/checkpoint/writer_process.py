@@ -13,6 +13,7 @@ length; the region's descriptor travels with a request as ancillary data.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -145,13 +146,18 @@ class WriterProcess:
 
 
 def _end_child(sock: socket.socket, child: subprocess.Popen[bytes], owner: int) -> None:
-    """Close the child's socket and reap it: it exits when it reads the end.
+    """End the child's socket and reap it: it exits when it reads the end.
 
-    A forked copy of the owner only closes its copy of the socket.
+    The socket is shut down, not only closed, so that the child reads the end even while
+    a process forked from this one holds a copy of it. A forked copy of the owner only
+    closes its own copy.
     """
-    sock.close()
     if os.getpid() != owner:
+        sock.close()
         return
+    with contextlib.suppress(OSError):  # the child may have gone already
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
     try:
         child.wait(timeout=5)
     except subprocess.TimeoutExpired:
