@@ -92,6 +92,7 @@ class BackgroundWriter:
             try:
                 work()
             finally:
+                del work  # waiting for the next, the thread keeps nothing of this one alive
                 self._done.set()
 
 

@@ -550,14 +550,21 @@ _LIVE_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
 
 def close_all(managers: Iterable[CheckpointManager]) -> None:
     """Close each manager (waiting for its saves); a failed save is reported, not lost."""
-    for manager in managers:
-        try:
-            manager.close()
-        except CheckpointError as error:
-            print(f"ipycloud: {error}", file=sys.stderr)
+    _reporting_failures(manager.close for manager in managers)
 
 
 @atexit.register
 def _wait_for_writes_at_exit() -> None:
-    """Interpreter exit waits for asynchronous saves and ends the writer processes."""
-    close_all(list(_LIVE_MANAGERS))
+    """Interpreter exit waits for asynchronous saves; a failure is reported, not lost.
+
+    The writer processes end by themselves once this process is gone.
+    """
+    _reporting_failures(manager.wait for manager in list(_LIVE_MANAGERS))
+
+
+def _reporting_failures(calls: Iterable[Callable[[], object]]) -> None:
+    for call in calls:
+        try:
+            call()
+        except CheckpointError as error:
+            print(f"ipycloud: {error}", file=sys.stderr)

@@ -155,14 +155,16 @@ def _end_child(sock: socket.socket, child: subprocess.Popen[bytes], owner: int) 
     if os.getpid() != owner:
         sock.close()
         return
+    set_idle(child.pid, False)  # its exit must not wait for idle CPU time
     with contextlib.suppress(OSError):  # the child may have gone already
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
     try:
-        child.wait(timeout=5)
+        child.wait(timeout=2)
     except subprocess.TimeoutExpired:
         child.kill()
-        child.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):  # else reaped by subprocess
+            child.wait(timeout=2)
 
 
 def send_message(sock: socket.socket, body: bytes, fds: list[int | None] | None = None) -> None:
