@@ -18,7 +18,9 @@ Goals, each a ratio to a reference run in the same process, on the same disk:
    (what ``fit`` uses) costs the loop at most 1.1x the copy of the state into host buffers
    where it writes in the background, and never more than a blocking save. A forced
    background save (``blocking=False``) is measured beside it, written by the writer
-   process (Linux) and, for comparison, by a thread in this process. The loop trains a
+   process (Linux) and, for comparison, by a thread in this process. So is a floor for any
+   background writer: another process, at the same idle priority, writes and fsyncs as
+   many bytes from its own memory (no copy, no serialisation). The loop trains a
    stack of residual MLP blocks (4.2M parameters: a ~48 MiB state with Adam's moments, the
    size of a small BERT) on the CPU, once with all of torch's threads (every core busy)
    and once with a core to spare (what a loop whose math runs on a GPU leaves). The cost
@@ -97,7 +99,23 @@ LOOP_ROUNDS = 8
 # A mode of the loop -> what it passes as save(blocking=...)
 SAVING_MODES: dict[str, Blocking] = {"blocking": True, "background": False, "auto": "auto",
                                      "background_thread": False}
-LOOP_MODES = tuple(SAVING_MODES)
+BARE_WRITE = "bare_write"  # the floor: another process writes as many bytes, nothing else
+LOOP_MODES = (*SAVING_MODES, BARE_WRITE)
+# The floor's writer: a request byte in, the file written and fsynced, a reply byte out.
+BARE_WRITER_CODE = """
+import os, sys
+path, size = sys.argv[1], int(sys.argv[2])
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+data = os.urandom(size)
+while sys.stdin.buffer.read(1):
+    with open(path, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    sys.stdout.buffer.write(b".")
+    sys.stdout.buffer.flush()
+"""
+Saver = tuple[Callable[[int], object], Callable[[], bool]]  # save(step), writing()
 
 State = dict[str, Any]
 
@@ -300,31 +318,38 @@ class TrainingLoop:
         self.optimizer.step()
 
     def run(self, mode: str, label: str) -> None:
-        """Train LOOP_STEPS steps, saving every LOOP_EVERY; record each save's cost. A first
-        save outside the timing makes the folder, the host buffers and the writer exist as
-        in a long run."""
-        blocking = SAVING_MODES[mode]
-        with thread_writes(mode == "background_thread"):
-            manager = CheckpointManager(self.scratch / label / mode, keep_last=2)
-            manager.save(self.state, 0, blocking=blocking)
-            manager.wait()
-            os.sync()
+        """Train LOOP_STEPS steps, saving every LOOP_EVERY; record each save's cost."""
+        saver = bare_writer if mode == BARE_WRITE else self.manager_saver
+        with saver(self.scratch / label / mode, self.parameters * 12) as (save, writing):
             typical_steps: list[float] = []
             saves: list[tuple[float, list[float]]] = []  # blocked, steps while writing
             for step in range(1, LOOP_STEPS + 1):
-                writing = manager.writing
+                in_flight = writing()
                 seconds = timed(self.step)
-                (saves[-1][1] if writing else typical_steps).append(seconds)
+                (saves[-1][1] if in_flight else typical_steps).append(seconds)
                 if step % LOOP_EVERY == 0 and step < LOOP_STEPS:
-                    saves.append((timed(partial(manager.save, self.state, step,
-                                                blocking=blocking)), []))
-            manager.close()
+                    saves.append((timed(partial(save, step)), []))
         typical = statistics.median(typical_steps)
         self.record(f"{label}_{mode}_cost_s", *(blocked + sum(steps) - typical * len(steps)
                                                 for blocked, steps in saves))
         self.record(f"{label}_{mode}_blocked_s", *(blocked for blocked, _ in saves))
         self.record(f"{label}_{mode}_steps_while_writing", *(len(steps) for _, steps in saves))
         self.record(f"{label}_{mode}_typical_step_s", typical)
+
+    @contextlib.contextmanager
+    def manager_saver(self, folder: Path, size: int) -> Iterator[Saver]:
+        """Saves by a CheckpointManager in the mode named by ``folder``. A first save outside
+        the timing makes the folder, the host buffers and the writer exist as in a long run."""
+        del size  # the state decides it
+        blocking = SAVING_MODES[folder.name]
+        with thread_writes(folder.name == "background_thread"):
+            manager = CheckpointManager(folder, keep_last=2)
+            manager.save(self.state, 0, blocking=blocking)
+            manager.wait()
+            os.sync()
+            yield (lambda step: manager.save(self.state, step, blocking=blocking),
+                   lambda: manager.writing)
+            manager.close()
 
     def host_copy(self, label: str) -> None:
         """The copy of the state into reused host buffers, as an asynchronous save makes it."""
@@ -359,7 +384,7 @@ def loop_results(loop: TrainingLoop, label: str, threads: int) -> dict[str, Any]
     cost = {mode: med(f"{mode}_cost_s") for mode in LOOP_MODES}
     copy = med("host_copy_s")
     in_background = loop.auto_writes_in_background[label]
-    background_modes = ("background", "background_thread", "auto")
+    background_modes = ("background", "background_thread", "auto", BARE_WRITE)
     return {
         "torch_threads": threads,
         "auto_writes": "in the background" if in_background else "in the foreground",
@@ -378,6 +403,41 @@ def loop_results(loop: TrainingLoop, label: str, threads: int) -> dict[str, Any]
         "auto_goal_met": cost["auto"] <= GOAL_LOOP_COPY_RATIO * copy
         and cost["auto"] <= cost["blocking"] if in_background else None,
     }
+
+
+@contextlib.contextmanager
+def bare_writer(folder: Path, size: int) -> Iterator[Saver]:
+    """The floor: a process that writes and fsyncs ``size`` bytes of its own memory to one
+    file in ``folder`` at each save, its replies read without blocking."""
+    folder.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen([sys.executable, "-c", BARE_WRITER_CODE, str(folder / "data"),
+                              str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    requests, replies = child.stdin, child.stdout
+    pending = 0
+
+    def save(_step: int) -> None:
+        nonlocal pending
+        requests.write(b".")
+        requests.flush()
+        pending += 1
+
+    def writing() -> bool:
+        nonlocal pending
+        if pending:
+            with contextlib.suppress(BlockingIOError):  # no reply yet
+                pending -= len(os.read(replies.fileno(), 16))
+        return pending > 0
+
+    save(0)  # the first write, untimed, as the manager's first save
+    os.read(replies.fileno(), 1)
+    pending = 0
+    os.set_blocking(replies.fileno(), False)
+    try:
+        yield save, writing
+    finally:
+        requests.close()
+        child.wait()
 
 
 @contextlib.contextmanager
@@ -547,7 +607,7 @@ def print_summary(results: dict[str, Any]) -> None:
         print(f"  {label} ({item['torch_threads']} torch threads; auto writes "
               f"{item['auto_writes']}): typical step {rates}")
         print(f"    cost per save: {costs}; host copy {item['host_copy_s'] * 1e3:.1f} ms")
-        for mode in ("background", "background_thread", "auto"):
+        for mode in ("background", "background_thread", "auto", BARE_WRITE):
             print(f"    {mode}: x{item['cost_to_host_copy'][mode]:.2f} of the host copy, "
                   f"x{item['cost_to_blocking_cost'][mode]:.2f} of a blocking save")
         met = item["auto_goal_met"]
