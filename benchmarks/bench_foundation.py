@@ -89,11 +89,13 @@ def gpuinfo_latency() -> dict[str, float]:
 
     shell = InteractiveShell.instance()
     shell.run_line_magic("load_ext", "ipycloud")
+    formatter = shell.display_formatter
+    assert formatter is not None, "an InteractiveShell always has a display formatter"
 
     def once() -> float:
         started = time.perf_counter()
         report = shell.run_line_magic("gpuinfo", "")
-        shell.display_formatter.format(report)
+        formatter.format(report)
         return time.perf_counter() - started
 
     once()

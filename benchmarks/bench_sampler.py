@@ -111,22 +111,24 @@ def main() -> None:
         rate = run_at(interval, seconds)
         rates[name] = {**rate, "goal_percent": goal, "ratio_to_goal": rate["core_percent"] / goal}
     idle = idle_process_cpu(RATES["10 Hz"][1])
+    gpu = (f"none ({gpu_reason})" if gpu_reason else
+           f"{len(nvml.snapshot(with_processes=False).devices)} visible")
+    parts_us = parts()
     results = {
         "machine": {
             "python": sys.version.split()[0],
             "cpus": psutil.cpu_count(),
             "cgroup_memory_limit": limits.memory_limit,
             "cgroup_cpu_limit": limits.cpu_limit,
-            "gpu": f"none ({gpu_reason})" if gpu_reason else
-                   f"{len(nvml.snapshot(with_processes=False).devices)} visible",
+            "gpu": gpu,
         },
         "rates": rates,
         "idle_process_cpu_percent": idle,
-        "parts_us": parts(),
+        "parts_us": parts_us,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"GPU: {results['machine']['gpu']}")
+    print(f"GPU: {gpu}")
     for name, rate in rates.items():
         print(f"{name}: sampler thread {rate['core_percent']:.4f}% of one core "
               f"(goal {rate['goal_percent']}%, x{rate['ratio_to_goal']:.2f} of it); "
@@ -135,7 +137,7 @@ def main() -> None:
               f"{rate['ticks']} samples; whole process {rate['process_cpu_percent']:.4f}% "
               f"(idle without sampler {idle:.4f}%)")
     print("one sample by part, us: " + ", ".join(
-        f"{name} {us:.1f}" for name, us in results["parts_us"].items()))
+        f"{name} {us:.1f}" for name, us in parts_us.items()))
     print(f"written to {RESULTS}")
 
 

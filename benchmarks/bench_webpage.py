@@ -182,6 +182,7 @@ def main() -> None:
     finally:
         kernel.close()
     latency = sorted(page.latencies_ms)
+    latency_ms = {"p50": statistics.median(latency), "p99": latency[int(0.99 * (len(latency) - 1))]}
     results = {
         "machine": {"torch": torch.__version__, "threads": 1, "steps_per_run": STEPS,
                     "batch": BATCH, "rounds": ROUNDS, "poll_s": POLL_S,
@@ -190,8 +191,7 @@ def main() -> None:
         "sleeping_cell": cpu,
         "training": runs,
         "requests": {"count": page.requests,
-                     "latency_ms": {"p50": statistics.median(latency),
-                                    "p99": latency[int(0.99 * (len(latency) - 1))]}},
+                     "latency_ms": latency_ms},
         "goals": {"page_core_percent": 0.2, "ratio": 0.99},
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -207,8 +207,8 @@ def main() -> None:
           f"ratios {runs['paired_ratio_median']:.3f}; best against best {runs['best_ratio']:.3f}")
     print(f"while training, the kernel's other threads: "
           f"{runs['page_core_percent_while_training']:+.3f}% of one core with the page open")
-    print(f"requests: {page.requests}, latency p50 {results['requests']['latency_ms']['p50']:.2f}"
-          f" ms, p99 {results['requests']['latency_ms']['p99']:.2f} ms; load average before and "
+    print(f"requests: {page.requests}, latency p50 {latency_ms['p50']:.2f}"
+          f" ms, p99 {latency_ms['p99']:.2f} ms; load average before and "
           f"after: {results['load_average']}")
     print(f"written to {RESULTS}")
 
