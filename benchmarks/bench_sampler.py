@@ -24,6 +24,7 @@ import timeit
 from pathlib import Path
 
 import psutil
+from figures import percentile
 
 from ipycloud.runtime.machine import nvml
 from ipycloud.runtime.machine.cgroup import read_cgroup_limits
@@ -60,7 +61,7 @@ def run_at(interval: float, seconds: float) -> dict[str, float]:
     steady = ticks[1:]
     thread_cpu = steady[-1][1] - steady[0][1]
     window = steady[-1][0] - steady[0][0]
-    per_tick = sorted(b[1] - a[1] for a, b in itertools.pairwise(steady))
+    per_tick = [b[1] - a[1] for a, b in itertools.pairwise(steady)]
     return {
         "interval_s": interval,
         "seconds": window,
@@ -69,7 +70,7 @@ def run_at(interval: float, seconds: float) -> dict[str, float]:
         "core_percent": thread_cpu / window * 100,
         "per_sample_mean_us": thread_cpu / (len(steady) - 1) * 1e6,
         "per_sample_median_us": statistics.median(per_tick) * 1e6,
-        "per_sample_p95_us": per_tick[int(0.95 * len(per_tick))] * 1e6,
+        "per_sample_p95_us": percentile(per_tick, 0.95) * 1e6,
         "process_cpu_percent": process_cpu / wall * 100,
     }
 
@@ -104,15 +105,15 @@ def parts() -> dict[str, float]:
 
 
 def main() -> None:
-    gpu_reason = nvml.snapshot().unavailable_reason
+    gpus = nvml.snapshot(with_processes=False)
+    gpu = (f"none ({gpus.unavailable_reason})" if gpus.unavailable_reason else
+           f"{len(gpus.devices)} visible")
     limits = read_cgroup_limits()
     rates = {}
     for name, (interval, seconds, goal) in RATES.items():
         rate = run_at(interval, seconds)
         rates[name] = {**rate, "goal_percent": goal, "ratio_to_goal": rate["core_percent"] / goal}
     idle = idle_process_cpu(RATES["10 Hz"][1])
-    gpu = (f"none ({gpu_reason})" if gpu_reason else
-           f"{len(nvml.snapshot(with_processes=False).devices)} visible")
     parts_us = parts()
     results = {
         "machine": {

@@ -84,6 +84,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from figures import percentile
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
@@ -208,12 +209,6 @@ class LagHandler(APIHandler):
 
 
 # --- Figures --------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], share: float) -> float:
-    """The nearest-rank percentile (``share`` from 0 to 1) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(share * len(ordered)) - 1))]
 
 
 def spread(values: list[float]) -> dict[str, float]:

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_dashboard import BATCH, SETUP, STEPS, Kernel
+from figures import percentile
 
 RESULTS = Path(__file__).parent / "results" / "webpage.json"
 ROUNDS = 40
@@ -181,8 +182,8 @@ def main() -> None:
         runs = throughput(kernel, page)
     finally:
         kernel.close()
-    latency = sorted(page.latencies_ms)
-    latency_ms = {"p50": statistics.median(latency), "p99": latency[int(0.99 * (len(latency) - 1))]}
+    latency_ms = {"p50": statistics.median(page.latencies_ms),
+                  "p99": percentile(page.latencies_ms, 0.99)}
     results = {
         "machine": {"torch": torch.__version__, "threads": 1, "steps_per_run": STEPS,
                     "batch": BATCH, "rounds": ROUNDS, "poll_s": POLL_S,
