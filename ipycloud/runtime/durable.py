@@ -291,22 +291,48 @@ def stale_temporaries(folder: Path) -> Iterator[Path]:
             yield entry
 
 
+class _ThreadLocks:
+    """One lock per folder for the threads of this process, made afresh in a forked child
+    (a lock held by another thread at the fork would stay held there forever)."""
+
+    def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def for_folder(self, folder: Path) -> threading.Lock:
+        key = os.path.realpath(folder)  # one lock, however the folder is named
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+
+_thread_locks = _ThreadLocks()
+
+
 @contextlib.contextmanager
 def folder_lock(folder: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``folder`` where the file system supports one.
+    """Hold an exclusive lock on ``folder`` against other threads and other processes.
 
-    Two processes saving into one folder then take turns; a killed holder releases the
-    lock with its death. File systems without locks (some FUSE mounts) go unlocked.
+    Threads of this process take turns on a lock of their own; processes on a POSIX record
+    lock (``fcntl``) of the folder's lock file, where the file system supports one. A
+    record lock belongs to this process alone: a process forked while it is held (a
+    DataLoader worker, a ``launch`` rank) does not hold it, and a killed holder releases
+    it with its death. File systems without locks (some FUSE mounts) go unlocked.
     """
-    try:
-        import fcntl
-        descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except (ImportError, OSError):
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(descriptor)
+    with _thread_locks.for_folder(folder):
+        try:
+            import fcntl
+            descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except (ImportError, OSError):
+            yield
+            return
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.lockf(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)  # also releases the record lock

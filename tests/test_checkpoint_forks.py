@@ -1,0 +1,103 @@
+"""Nothing of a checkpoint writer leaks into a forked process: a DataLoader worker or any
+``os.fork`` child never holds the folder's lock, so no later save waits on it."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from ipycloud.runtime.durable import folder_lock
+
+WATCHDOG_S = 120
+
+
+def run_script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter, killed by the watchdog if it hangs."""
+    try:
+        return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
+                              capture_output=True, text=True, timeout=WATCHDOG_S)
+    except subprocess.TimeoutExpired as hung:
+        raise AssertionError(f"hung for {WATCHDOG_S} s: {hung.stderr!r}") from None
+
+
+def test_a_process_forked_while_the_folder_is_locked_does_not_hold_the_lock(
+        tmp_path: Path) -> None:
+    with folder_lock(tmp_path):
+        child = os.fork()
+        if child == 0:  # keeps every descriptor it inherited, as a DataLoader worker does
+            time.sleep(WATCHDOG_S)
+            os._exit(0)
+    try:
+        other = run_script("""
+            import sys
+            from pathlib import Path
+            from ipycloud.runtime.durable import folder_lock
+            with folder_lock(Path(sys.argv[1])):
+                print("locked")
+        """, str(tmp_path))
+        assert other.stdout == "locked\n", other.stderr
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_a_process_forked_while_a_thread_holds_the_lock_takes_it_once_released(
+        tmp_path: Path) -> None:
+    """The threads' lock is made afresh in the child: its copy would stay held forever."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with folder_lock(tmp_path):
+            held.set()
+            release.wait(WATCHDOG_S)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(WATCHDOG_S)
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:
+        with folder_lock(tmp_path):
+            os.write(writer, b"locked")
+        os._exit(0)
+    os.close(writer)
+    release.set()
+    holder.join()
+    try:
+        assert select.select([reader], [], [], WATCHDOG_S)[0], "the child waits forever"
+        assert os.read(reader, 16) == b"locked"
+    finally:
+        os.close(reader)
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_fit_with_workers_forked_each_epoch_and_background_saves_finishes(
+        tmp_path: Path) -> None:
+    """Workers are forked anew every epoch, often while a background save holds the lock."""
+    result = run_script("""
+        import sys
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        import ipycloud
+
+        torch.manual_seed(0)
+        torch.set_num_threads(1)  # leaves a core free: saves go to the background
+        data = TensorDataset(torch.randn(256, 16), torch.randint(0, 4, (256,)))
+        model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 4))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=2)
+        history = ipycloud.fit(model, optimizer, loader, epochs=4, checkpoint=sys.argv[1],
+                               checkpoint_every=3, progress=False)
+        print(len(history.epochs), ipycloud.CheckpointManager(sys.argv[1]).latest().step)
+    """, str(tmp_path / "checkpoints"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["4", "64"]
