@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from checkpoint_helpers import differences, in_child
@@ -34,11 +37,11 @@ def parent_of(pid: int) -> int:
 
 
 def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie no longer does: its parent may be gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    return True
 
 
 def writer_pid(manager: CheckpointManager) -> int:
@@ -273,3 +276,55 @@ def test_close_ends_the_writer_while_a_fork_holds_a_copy_of_its_socket(tmp_path:
     finally:
         os.close(writer)
         os.waitpid(fork, 0)
+
+
+KERNEL_SAVING = """
+import sys, time
+import torch
+from ipycloud.runtime.checkpoint import CheckpointManager, writer_process
+
+send_message = writer_process.send_message
+
+def announced(*args):
+    send_message(*args)
+    print("sent", flush=True)
+
+manager = CheckpointManager(sys.argv[1])
+manager.save({"weights": torch.ones(1 << 16)}, step=1, blocking=False)
+manager.wait()
+print(manager._process.pid, flush=True)
+sys.stdin.readline()  # the test stops the writer meanwhile
+writer_process.send_message = announced
+manager.save({"weights": torch.full((1 << 16,), 2.0)}, step=2, blocking=False)
+time.sleep(600)  # killed by the test once the request is sent
+"""
+
+
+def test_a_writer_whose_kernel_died_commits_nothing_over_a_later_checkpoint(
+        tmp_path: Path) -> None:
+    """A kernel killed during a background save; a new kernel saves the same step; the old
+    writer, frozen with its request in hand meanwhile, then gets to run."""
+    folder = tmp_path / "run"
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_SAVING, str(folder)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert kernel.stdin is not None and kernel.stdout is not None
+    try:
+        writer = int(kernel.stdout.readline())
+        os.kill(writer, signal.SIGSTOP)
+        kernel.stdin.write("go\n")
+        kernel.stdin.flush()
+        assert kernel.stdout.readline() == "sent\n"
+    finally:
+        kernel.kill()
+        kernel.wait()
+    new_kernel = CheckpointManager(folder)
+    saved = new_kernel.save({"weights": torch.full((1 << 16,), 3.0)}, step=2)
+    assert saved is not None and saved.name == "step-000000002"
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(writer, signal.SIGCONT)
+    wait_for(lambda: not alive(writer), what="the orphaned writer gone")
+    restored = {"weights": torch.zeros(1 << 16)}
+    assert new_kernel.load(restored).name == "step-000000002"
+    assert torch.equal(restored["weights"], torch.full((1 << 16,), 3.0))
+    new_kernel.save({"weights": torch.zeros(1)}, step=3)  # tidies what the dead left
+    assert not [path.name for path in folder.iterdir() if path.name.startswith(".tmp-")]

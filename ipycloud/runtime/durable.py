@@ -227,12 +227,23 @@ def write_atomically(final: Path, produce: Callable[[BinaryIO], object],
                      mode: int | None = None) -> FileDigest:
     """Write ``final`` through ``produce(file)`` so that it appears whole or not at all.
 
-    The content goes to a temporary name in the same folder and is flushed. While fsync
-    waits for the disk, the file is read back and checksummed, so the digest describes
-    what the file system holds, not what was meant to be written. Then the file is renamed
-    over ``final`` and the folder fsynced. On any error or interrupt the temporary file is
-    removed and ``final`` is untouched. The file has ``mode`` from the moment it exists
-    (default: ``0o666`` less the umask).
+    ``write_temporary`` then ``commit_temporary``: on any error or interrupt the temporary
+    file is removed and ``final`` is untouched.
+    """
+    temporary, digest = write_temporary(final, produce, mode)
+    commit_temporary(temporary, final)
+    return digest
+
+
+def write_temporary(final: Path, produce: Callable[[BinaryIO], object],
+                    mode: int | None = None) -> tuple[Path, FileDigest]:
+    """Write a complete, durable copy of ``final``'s new content under a temporary name
+    beside it, through ``produce(file)``; returns that name and the content's digest.
+
+    The content is flushed; while fsync waits for the disk, the file is read back and
+    checksummed, so the digest describes what the file system holds, not what was meant
+    to be written. On any error or interrupt the temporary file is removed. The file has
+    ``mode`` from the moment it exists (default: ``0o666`` less the umask).
     """
     temporary = temp_name_for(final)
     try:
@@ -247,13 +258,23 @@ def write_atomically(final: Path, produce: Callable[[BinaryIO], object],
             raw.flush()
             _, digest = side_by_side(lambda: os.fsync(raw.fileno()),
                                      lambda: FileDigest.of(temporary))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    return temporary, digest
+
+
+def commit_temporary(temporary: Path, final: Path) -> None:
+    """Rename a ``write_temporary`` file over ``final`` and make the rename durable; on
+    failure the temporary file is removed and ``final`` is untouched."""
+    try:
         os.replace(temporary, final)
     except BaseException:
         with contextlib.suppress(OSError):
             temporary.unlink()
         raise
     fsync_folder(final.parent)
-    return digest
 
 
 def write_bytes_atomically(final: Path, data: bytes, mode: int | None = None) -> FileDigest:

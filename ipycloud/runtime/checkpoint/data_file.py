@@ -7,15 +7,27 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime._optional import require
-from ipycloud.runtime.durable import FileDigest, write_atomically
+from ipycloud.runtime.durable import (
+    FileDigest,
+    commit_temporary,
+    write_temporary,
+)
 
 _SERIALIZE_LOCK = threading.Lock()
 
 
 def write_data_file(path: Path, payload: dict[str, Any]) -> FileDigest:
     """Serialize ``payload`` to ``path`` so that it appears whole or not at all."""
+    temporary, digest = write_data_temporary(path, payload)
+    commit_temporary(temporary, path)
+    return digest
+
+
+def write_data_temporary(path: Path, payload: dict[str, Any]) -> tuple[Path, FileDigest]:
+    """Serialize ``payload`` to a durable temporary file beside ``path``, to be committed
+    with ``durable.commit_temporary``; returns its name and digest."""
     torch = require("torch", "torch")
-    return write_atomically(path, lambda file: _serialize(torch, payload, file))
+    return write_temporary(path, lambda file: _serialize(torch, payload, file))
 
 
 def _serialize(torch: Any, payload: dict[str, Any], file: Any) -> None:

@@ -1,9 +1,12 @@
 """The checkpoint writer process's side: map the shared region, write what is asked.
 
-Started by ``writer_process.WriterProcess`` as ``python -c ... main(FD)``. Each request
-is a target path and a pickled state whose tensors refer into the shared region; each
-reply says what happened: ("ok", size, crc32), ("oserror", errno, strerror) or ("error",
-text). The process exits when its socket reaches its end.
+Started by ``writer_process.WriterProcess`` as ``python -c ... main(FD, PARENT)``. Each
+request is a target path and a pickled state whose tensors refer into the shared region;
+the state is written to a durable temporary file beside the target, which only the
+parent renames into place (under its lock on the folder), so a writer can never commit
+what its parent no longer owns. Each reply says what happened: ("ok", temporary path,
+size, crc32), ("oserror", errno, strerror) or ("error", text). The process exits when its
+socket reaches its end, and ends as soon as its parent dies.
 """
 
 from __future__ import annotations
@@ -11,19 +14,23 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import select
 import signal
 import socket
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.checkpoint import shared_buffers
-from ipycloud.runtime.checkpoint.data_file import write_data_file
+from ipycloud.runtime.checkpoint.data_file import write_data_temporary
 from ipycloud.runtime.checkpoint.writer_process import receive_message, send_message
 
 
-def main(fd: int) -> None:
-    """Serve write requests on the socket ``fd`` until it closes."""
+def main(fd: int, parent: int) -> None:
+    """Serve write requests on the socket ``fd`` until it closes or ``parent`` dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    _die_with(parent)
     region: mmap.mmap | None = None
     with socket.socket(fileno=fd) as sock:
         while (message := receive_message(sock)) is not None:
@@ -31,6 +38,27 @@ def main(fd: int) -> None:
             if fds:
                 region = _map(fds)
             send_message(sock, pickle.dumps(_write(body, region)))
+
+
+def _die_with(parent: int) -> None:
+    """End this process as soon as ``parent`` dies, even mid-write: a thread waits on the
+    parent's pidfd (Linux), else looks for a new parent twice a second."""
+    try:
+        watched: int | None = os.pidfd_open(parent)
+    except (AttributeError, OSError):
+        watched = None
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            if watched is not None:
+                select.select([watched], [], [])  # readable once the parent has exited
+            else:
+                time.sleep(0.5)
+        os._exit(0)  # what it was writing stays a temporary file, removed by the next save
+
+    if os.getppid() != parent:  # gone already
+        os._exit(0)
+    threading.Thread(target=watch, name="ipycloud-watch-parent", daemon=True).start()
 
 
 def _map(fds: list[int]) -> mmap.mmap:
@@ -45,9 +73,10 @@ def _map(fds: list[int]) -> mmap.mmap:
 def _write(body: bytes, region: mmap.mmap | None) -> tuple[Any, ...]:
     path, state = pickle.loads(body)
     try:
-        digest = write_data_file(Path(path), shared_buffers.loads(state, region))
+        temporary, digest = write_data_temporary(Path(path),
+                                                 shared_buffers.loads(state, region))
     except OSError as error:
         return ("oserror", error.errno, error.strerror or str(error))
     except Exception as error:
         return ("error", f"{type(error).__name__}: {error}")
-    return ("ok", digest.size, digest.crc32)
+    return ("ok", str(temporary), digest.size, digest.crc32)

@@ -7,8 +7,10 @@ process has an interpreter of its own, so the loop pays for the copy into shared
 and little else. It starts at the first background save (its import of torch, about a
 second, runs beside the loop), writes at idle CPU priority until someone waits for it,
 ignores interrupts (Jupyter's Stop signals the kernel's whole process group) and ends when
-this process closes its socket. The request and reply cross a socket pair, framed by a
-length; the region's descriptor travels with a request as ancillary data.
+this process closes its socket or dies. The child writes a durable temporary file; this
+process renames it into place, so nothing the child writes is committed unless this process
+is alive to commit it. The request and reply cross a socket pair, framed by a length; the
+region's descriptor travels with a request as ancillary data.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from ipycloud.runtime.checkpoint.background import set_idle
 from ipycloud.runtime.checkpoint.data_file import write_data_file
 from ipycloud.runtime.checkpoint.errors import CheckpointError
 from ipycloud.runtime.checkpoint.shared_buffers import SharedHostBuffers
-from ipycloud.runtime.durable import FileDigest
+from ipycloud.runtime.durable import FileDigest, commit_temporary
 
 _HEADER = struct.Struct("<Q")  # the length of the pickled message that follows
 _CHILD_CODE = ("import sys; from ipycloud.runtime.checkpoint.writer_child import main; "
-               "main(int(sys.argv[1]))")
+               "main(int(sys.argv[1]), int(sys.argv[2]))")
 
 
 def supported() -> bool:
@@ -76,7 +78,8 @@ class WriterProcess:
         return self._buffers.copy(payload)
 
     def write(self, path: Path, staged: Any) -> FileDigest:
-        """Have the child write ``staged`` (a result of ``stage``) to ``path`` atomically.
+        """Have the child write ``staged`` (a result of ``stage``) to ``path`` atomically:
+        the child writes a temporary file, renamed into place here.
 
         Where no child can be started (no interpreter at ``sys.executable``, as in some
         embedded Pythons), the calling thread writes it. Raises the child's OSError, or
@@ -102,7 +105,9 @@ class WriterProcess:
                 raise CheckpointError(f"the checkpoint writer process (pid {child.pid}) "
                                       f"{_exit_description(child)} before {path.name} "
                                       "was written")
-        return _digest_of(pickle.loads(reply[0]), path)
+        temporary, digest = _outcome(pickle.loads(reply[0]), path)
+        commit_temporary(temporary, path)
+        return digest
 
     def hurry(self) -> None:
         """Give the child normal CPU priority: someone is waiting for its write."""
@@ -129,7 +134,8 @@ class WriterProcess:
         try:
             with theirs:
                 self._child = subprocess.Popen(
-                    [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno())],
+                    [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()),
+                     str(os.getpid())],
                     pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL, env=environment, start_new_session=True)
         except BaseException:
@@ -194,10 +200,11 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes:
     return bytes(received)
 
 
-def _digest_of(reply: tuple[Any, ...], path: Path) -> FileDigest:
-    """The child's reply: ("ok", size, crc32), ("oserror", errno, strerror) or ("error", text)."""
+def _outcome(reply: tuple[Any, ...], path: Path) -> tuple[Path, FileDigest]:
+    """The temporary file and its digest from the child's reply: ("ok", temporary, size,
+    crc32), ("oserror", errno, strerror) or ("error", text)."""
     if reply[0] == "ok":
-        return FileDigest(reply[1], reply[2])
+        return Path(reply[1]), FileDigest(reply[2], reply[3])
     if reply[0] == "oserror":
         raise OSError(reply[1], reply[2], str(path))
     raise CheckpointError(f"the checkpoint writer process could not write {path.name}: "
