@@ -369,6 +369,60 @@ def test_every_checkpoint_damaged_is_an_error_not_garbage(
     assert state["step"] is None and torch.all(state["weights"] == 0.0)
 
 
+def plant_manifest(folder: Path, stem: str, **fields: Any) -> None:
+    """A manifest in ``folder`` as a tampered or hostile folder would hold it."""
+    manifest = {"format": catalog.FORMAT, "name": stem, "step": 9, "sequence": 99,
+                "time": time.time(), "files": {f"{stem}.pt": {"size": 4, "crc32": "0"}},
+                **fields}
+    (folder / f"{stem}.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("fields", [
+    {"name": "../victim/precious"},
+    {"files": {"../victim/precious.pt": {"size": 4, "crc32": "0"}}},
+    {"files": {"step-000000009.pt": {"size": 4, "crc32": "0"},
+               "/abs/precious.pt": {"size": 4, "crc32": "0"}}},
+], ids=["name", "relative file", "absolute file"])
+def test_a_manifest_naming_files_outside_its_folder_is_ignored(
+        tmp_path: Path, fields: dict[str, Any]) -> None:
+    """Rotation deletes, and loading reads, nothing outside the checkpoint folder."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    precious = {name: victim / name for name in ("precious.pt", "precious.json")}
+    torch.save({"format": catalog.FORMAT, "state": {"step": -1}}, precious["precious.pt"])
+    precious["precious.json"].write_text("{}")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    plant_manifest(folder, "step-000000009", **fields)
+    manager = CheckpointManager(folder, keep_last=1)
+    state = {"step": 0}
+    with pytest.warns(CheckpointWarning, match="step-000000009.json"), \
+            pytest.raises(CheckpointError, match="no valid"):
+        manager.load(state)
+    for step in (1, 2, 3):
+        manager.save({"step": step}, step=step)
+    with pytest.warns(CheckpointWarning, match="step-000000009.json"):
+        assert manager.load(state).step == 3
+    assert state["step"] == 3
+    assert sorted(path.name for path in victim.iterdir()) == sorted(precious)
+
+
+@pytest.mark.parametrize("fields", [
+    {"step": "9"}, {"sequence": -1}, {"time": None}, {"metrics": {"loss": "low"}},
+    {"files": {"step-000000009.pt": {"size": "4", "crc32": "0"}}},
+])
+def test_a_manifest_with_fields_of_the_wrong_kind_is_skipped(
+        tmp_path: Path, fields: dict[str, Any]) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder)
+    manager.save({"step": 1}, step=1)
+    plant_manifest(folder, "step-000000009", **fields)
+    state = {"step": 0}
+    with pytest.warns(CheckpointWarning, match="step-000000009.json"):
+        assert manager.load(state).step == 1
+    assert [info.step for info in manager.list()] == [1]
+
+
 # -- a pickle that runs code ------------------------------------------------------------------
 
 class Payload:

@@ -71,11 +71,18 @@ class CheckpointInfo:
 
     @classmethod
     def from_manifest(cls, manifest: dict[str, Any], directory: Path) -> CheckpointInfo:
-        """Parse a manifest; raises ValueError when it is not one of ours."""
-        if manifest.get("format") != FORMAT:
+        """Parse a manifest; raises ValueError when it is not one of ours.
+
+        Folders are shared and downloaded, so a manifest is untrusted: its name must be a
+        checkpoint name and its only file that name's data file, so that nothing it names
+        lies outside ``directory``.
+        """
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise ValueError(f"not an {FORMAT} manifest")
         fields = {key: value for key, value in manifest.items() if key != "format"}
-        return cls(directory=directory, **fields)
+        info = cls(directory=directory, **fields)
+        _check_fields(info)
+        return info
 
     def summary(self) -> str:
         """One line: name, step, tag, size and when it was saved."""
@@ -88,6 +95,31 @@ class CheckpointInfo:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(self.summary())
+
+
+def _check_fields(info: CheckpointInfo) -> None:
+    """ValueError unless the fields that name files and order checkpoints are sound."""
+    if not isinstance(info.name, str) or not is_checkpoint_name(info.name):
+        raise ValueError(f"not a checkpoint name: {info.name!r}")
+    data_file = f"{info.name}{DATA_SUFFIX}"
+    files = info.files
+    if (not isinstance(files, dict) or set(files) != {data_file}
+            or not isinstance(files[data_file], dict)
+            or not _is_count(files[data_file].get("size"))
+            or not isinstance(files[data_file].get("crc32"), str)):
+        raise ValueError(f"a manifest lists the files of {data_file} only, with size and crc32")
+    for field_name in ("step", "sequence"):
+        if not _is_count(getattr(info, field_name)):
+            raise ValueError(f"{field_name} must be a non-negative integer")
+    if isinstance(info.time, bool) or not isinstance(info.time, int | float):
+        raise ValueError("time must be a number")
+    if not isinstance(info.metrics, dict) or not all(
+            isinstance(value, int | float) for value in info.metrics.values()):
+        raise ValueError("metrics must map names to numbers")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def validate_tag(tag: str | None) -> None:
@@ -130,8 +162,10 @@ def read_catalog(directory: Path) -> tuple[list[CheckpointInfo], list[str]]:
         if not is_checkpoint_name(manifest.stem):
             continue
         try:
-            infos.append(CheckpointInfo.from_manifest(json.loads(manifest.read_text()),
-                                                      directory))
+            info = CheckpointInfo.from_manifest(json.loads(manifest.read_text()), directory)
+            if info.name != manifest.stem:
+                raise ValueError(f"{manifest.name} describes {info.name}")
+            infos.append(info)
         except (OSError, ValueError, TypeError):
             unreadable.append(manifest.name)
     infos.sort(key=lambda info: info.sequence)
