@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import resource
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from ipycloud.runtime.checkpoint import (
     manager_for,
     writer_process,
 )
+from ipycloud.runtime.durable import LOCK_NAME, folder_lock
 from ipycloud.runtime.per_process import reset_process_state
 
 pytestmark = pytest.mark.skipif(not writer_process.supported(),
@@ -328,3 +331,64 @@ def test_a_writer_whose_kernel_died_commits_nothing_over_a_later_checkpoint(
     assert torch.equal(restored["weights"], torch.full((1 << 16,), 3.0))
     new_kernel.save({"weights": torch.zeros(1)}, step=3)  # tidies what the dead left
     assert not [path.name for path in folder.iterdir() if path.name.startswith(".tmp-")]
+
+
+def descriptors_of_this_process() -> list[str]:
+    """What each open descriptor of this process refers to."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return targets
+
+
+def resources_held() -> dict[str, int]:
+    """The regions, descriptors, threads and child processes of checkpoint writers here."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return {
+        "region descriptors": sum("memfd:ipycloud-checkpoint" in target
+                                  for target in descriptors_of_this_process()),
+        "mapped regions": sum("memfd:ipycloud-checkpoint" in line for line in maps),
+        "writer threads": sum(thread.name == "ipycloud-checkpoint-writer"
+                              for thread in threading.enumerate()),
+        "writer processes": len(psutil.Process().children()),
+    }
+
+
+def test_managers_dropped_without_close_leave_nothing_behind(tmp_path: Path) -> None:
+    """A rerun cell builds a new manager and saves in the background; the old one is
+    dropped, never closed."""
+    held = []
+    for _ in range(6):
+        manager = CheckpointManager(tmp_path / "run")
+        manager.save({"weights": torch.zeros(1 << 20)}, step=manager.next_step(),
+                     blocking=False)
+        manager.wait()
+        del manager
+        gc.collect()
+        wait_for(lambda: resources_held()["writer processes"] == 0,
+                 what="the dropped manager's writer gone")
+        held.append(resources_held())
+    assert held == [dict.fromkeys(held[0], 0)] * len(held)
+
+
+def test_a_forked_process_keeps_no_region_or_lock_descriptor(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder)
+    started_writer(manager)
+    with folder_lock(folder):  # as a background save holds it while a worker is forked
+        assert any("memfd:ipycloud-checkpoint" in target
+                   for target in descriptors_of_this_process())
+        reader, writer = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.write(writer, "\n".join(descriptors_of_this_process()).encode())
+            os._exit(0)
+    os.close(writer)
+    inherited = os.read(reader, 1 << 16).decode().splitlines()
+    os.close(reader)
+    os.waitpid(child, 0)
+    assert not [target for target in inherited
+                if "memfd:ipycloud" in target or target.endswith(LOCK_NAME)]
+    manager.save({"weights": torch.zeros(8)}, step=2, blocking=False)  # the parent's own
+    assert manager.wait().step == 2  # type: ignore[union-attr]

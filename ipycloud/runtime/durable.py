@@ -312,26 +312,36 @@ def stale_temporaries(folder: Path) -> Iterator[Path]:
             yield entry
 
 
-class _ThreadLocks:
-    """One lock per folder for the threads of this process, made afresh in a forked child
-    (a lock held by another thread at the fork would stay held there forever)."""
+class _FolderLocks:
+    """This process's side of the folder locks: one lock per folder for its threads, and
+    the descriptors of the lock files held open.
+
+    A forked child gets fresh locks (one held by another thread at the fork would stay
+    held there forever) and closes the descriptors it inherited from threads it lacks.
+    """
 
     def __init__(self) -> None:
-        self._reset()
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._reset)
-
-    def _reset(self) -> None:
         self._guard = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
+        self.descriptors: set[int] = set()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._in_child)
 
     def for_folder(self, folder: Path) -> threading.Lock:
         key = os.path.realpath(folder)  # one lock, however the folder is named
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
 
+    def _in_child(self) -> None:
+        self._guard = threading.Lock()
+        self._locks = {}
+        for descriptor in self.descriptors:
+            with contextlib.suppress(OSError):
+                os.close(descriptor)
+        self.descriptors = set()
 
-_thread_locks = _ThreadLocks()
+
+_folder_locks = _FolderLocks()
 
 
 @contextlib.contextmanager
@@ -344,16 +354,18 @@ def folder_lock(folder: Path) -> Iterator[None]:
     DataLoader worker, a ``launch`` rank) does not hold it, and a killed holder releases
     it with its death. File systems without locks (some FUSE mounts) go unlocked.
     """
-    with _thread_locks.for_folder(folder):
+    with _folder_locks.for_folder(folder):
         try:
             import fcntl
             descriptor = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except (ImportError, OSError):
             yield
             return
+        _folder_locks.descriptors.add(descriptor)
         try:
             with contextlib.suppress(OSError):
                 fcntl.lockf(descriptor, fcntl.LOCK_EX)
             yield
         finally:
+            _folder_locks.descriptors.discard(descriptor)  # before its number can be reused
             os.close(descriptor)  # also releases the record lock

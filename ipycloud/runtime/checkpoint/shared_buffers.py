@@ -4,15 +4,18 @@ A checkpoint writer in another process reads the tensors straight from the regio
 crosses the socket is the state's structure, with each tensor replaced by its place in
 the region. The region is an anonymous memory file (Linux ``memfd_create``); its
 descriptor is passed to the writer once, and again only when the state's layout changes.
+A forked child (a DataLoader worker) keeps no descriptor of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import mmap
 import os
 import pickle
+import weakref
 from typing import Any, NamedTuple
 
 from ipycloud.runtime.checkpoint.state import map_tensors
@@ -55,7 +58,10 @@ class SharedHostBuffers:
         self._layout: dict[tuple[Any, ...], TensorRef] = {}
         self._views: dict[tuple[Any, ...], Any] = {}
         self._region: mmap.mmap | None = None
+        self._mapped_fd: int | None = None  # the region's mapping's own copy of ``fd``
         self._base = 0
+        self._closer: weakref.finalize[Any, SharedHostBuffers] | None = None
+        _live.add(self)
 
     def copy(self, value: Any) -> Any:
         """A copy of ``value`` whose tensors live in the region (a new one if needed)."""
@@ -110,18 +116,63 @@ class SharedHostBuffers:
         except BaseException:
             os.close(fd)
             raise
-        if self.fd is not None:
-            os.close(self.fd)
+        self.close()
+        self._closer = weakref.finalize(self, _close_in, os.getpid(), fd)  # if never closed
         self.fd, self.generation = fd, self.generation + 1
         self._region, self._layout = region, layout
+        self._mapped_fd = _copy_of(fd)
         self._views = {path: tensor_view(region, ref) for path, ref in layout.items()}
         self._base = tensor_view(region, TensorRef(0, "uint8", (1,))).data_ptr()
 
     def close(self) -> None:
         """Let go of the region's descriptor (views already handed out stay valid)."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self._closer is not None:
+            self._closer()
+        self.fd, self._closer = None, None
+
+
+def _copy_of(fd: int) -> int | None:
+    """Another descriptor of this process open on the same file as ``fd``: the one an
+    ``mmap`` object keeps (Python duplicates the descriptor it maps)."""
+    inode = os.fstat(fd).st_ino
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError, ValueError):
+            if int(name) != fd and os.stat(f"/proc/self/fd/{name}").st_ino == inode:
+                return int(name)
+    return None
+
+
+def _close_in(owner: int, fd: int) -> None:
+    """Close a region's descriptor, unless this is a forked child (it closed its copy)."""
+    if os.getpid() == owner:
+        os.close(fd)
+
+
+_live: weakref.WeakSet[SharedHostBuffers] = weakref.WeakSet()
+
+
+def _forget_regions_in_child() -> None:
+    """Right after a fork, in the child: close the region's descriptors it inherited.
+
+    The mapping's own copy is pointed at /dev/null rather than closed, since its mmap
+    object will close that number when it goes (the region's memory stays mapped).
+    """
+    live = [buffers for buffers in _live if buffers.fd is not None]
+    if not live:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for buffers in live:
+            os.close(buffers.fd)  # type: ignore[arg-type]
+            if buffers._mapped_fd is not None:
+                os.dup2(null, buffers._mapped_fd)
+            buffers.fd, buffers._closer = None, None
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_regions_in_child)
 
 
 def tensor_view(region: mmap.mmap, ref: TensorRef) -> Any:
