@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes.util
+import errno
 import functools
 import importlib.util
 import os
@@ -72,12 +73,15 @@ class FaultyMount:
         """
         classes = frozenset(OPERATIONS if ops is None else [ops] if isinstance(ops, str)
                             else ops)
+        if error not in errno.errorcode:
+            raise ValueError(f"error must be an errno such as errno.EIO, not {error!r}")
         if unknown := sorted(classes - OPERATIONS):
             raise ValueError(f"unknown operation class {', '.join(map(repr, unknown))}; "
                              f"choose from {', '.join(sorted(OPERATIONS))}")
-        for name, value in (("after_bytes", after_bytes), ("times", times)):
-            if value is not None and value < (0 if name == "after_bytes" else 1):
-                raise ValueError(f"{name} must be a positive number, not {value}")
+        if after_bytes is not None and after_bytes < 0:
+            raise ValueError(f"after_bytes must be 0 or more, not {after_bytes}")
+        if times is not None and times < 1:
+            raise ValueError(f"times must be 1 or more, not {times}")
         self._command("fail", Fault(error, classes, path, after_bytes, times))
 
     def slow(self, seconds_per_write: float) -> None:
@@ -116,6 +120,8 @@ class FaultyMount:
 
     def start(self) -> None:
         """Mount; return once the kernel talks to the file system."""
+        if self._daemon is not None:
+            raise RuntimeError(f"faultfs is already mounted at {self.path}")
         self.path.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._control)

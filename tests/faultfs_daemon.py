@@ -2,7 +2,9 @@
 
 ``python faultfs_daemon.py BACKING MOUNTPOINT CONTROL PARENT_PID`` mirrors the folder
 BACKING at MOUNTPOINT (fusepy over libfuse 2) and serves commands on the Unix socket
-CONTROL; tests/faultfs.py starts it and sends the commands. Every file operation
+CONTROL; tests/faultfs.py (process PARENT_PID) starts it and sends the commands. Should
+that process end without unmounting, this one removes CONTROL's folder, unmounts and
+ends. Every file operation
 is checked against the faults in force when it starts, so a command answered by this
 process applies to the very next operation. The kernel caches neither names nor
 attributes (every timeout 0); reads go through its page cache, which is dropped at
@@ -308,12 +310,13 @@ def serve(listener: Listener, faults: Faults) -> None:
                 connection.send(("error", str(error)))
 
 
-def unmount_when_gone(parent: int, mountpoint: str) -> None:
-    """Once the process that started this one has ended, however it ended, unmount and
-    end: no mount outlives its test run."""
+def unmount_when_gone(parent: int, mountpoint: str, control: str) -> None:
+    """Once the process that started this one has ended, however it ended, remove the
+    folder of the control socket, unmount, and end: nothing outlives its test run."""
     with contextlib.suppress(ProcessLookupError):  # it has ended already
         select.select([os.pidfd_open(parent)], [], [])
-    unmount_lazily(mountpoint)
+    shutil.rmtree(os.path.dirname(control), ignore_errors=True)
+    unmount_lazily(mountpoint)  # the file system's loop ends: this process may end with it
     os._exit(0)
 
 
@@ -331,7 +334,7 @@ def main() -> None:
     faults = Faults()
     listener = Listener(control, "AF_UNIX")
     threading.Thread(target=serve, args=(listener, faults), daemon=True).start()
-    threading.Thread(target=unmount_when_gone, args=(int(parent), mountpoint),
+    threading.Thread(target=unmount_when_gone, args=(int(parent), mountpoint, control),
                      daemon=True).start()
     # Names and attributes are never cached, so a fault applies at the next call; an
     # unlinked open file stays readable through its descriptor (no .fuse_hidden files).

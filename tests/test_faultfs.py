@@ -355,13 +355,14 @@ def test_a_mount_goes_with_the_process_that_made_it(tmp_path: Path) -> None:
                              stdout=subprocess.PIPE, text=True)
     with maker:
         assert maker.stdout is not None
-        assert maker.stdout.readline() == "mounted\n"
-        assert tmp_path / "mount" in mount_points()
+        control = Path(maker.stdout.readline().strip())
+        assert tmp_path / "mount" in mount_points() and control.exists()
         maker.kill()
     wait_for(lambda: tmp_path / "mount" not in mount_points(), what="the orphan's unmount")
+    wait_for(lambda: not control.parent.exists(), what="the removal of its control folder")
 
 
-# Mounts tmp_path/"mount" (argv[2]) and waits to be killed.
+# Mounts tmp_path/"mount" (argv[2]), says where its control socket is, waits to be killed.
 MAKER = """
 import sys, time
 from pathlib import Path
@@ -369,8 +370,9 @@ sys.path.insert(0, sys.argv[1])
 from faultfs import FaultyMount
 base = Path(sys.argv[2])
 (base / "backing").mkdir()
-FaultyMount(base / "backing", base / "mount").start()
-print("mounted", flush=True)
+mount = FaultyMount(base / "backing", base / "mount")
+mount.start()
+print(mount._control, flush=True)
 time.sleep(60)
 """
 
@@ -396,8 +398,14 @@ def test_mistaken_arguments_are_refused_with_the_choices(faulty_mount: FaultyMou
     with pytest.raises(ValueError, match="unknown operation class 'wirte'; choose from "
                                          "create, flush, fsync, link, listdir, mkdir"):
         faulty_mount.fail(errno.EIO, ops=["write", "wirte"])
-    with pytest.raises(ValueError, match="times must be a positive number, not 0"):
+    with pytest.raises(ValueError, match="times must be 1 or more, not 0"):
         faulty_mount.fail(errno.EIO, times=0)
+    with pytest.raises(ValueError, match="after_bytes must be 0 or more, not -1"):
+        faulty_mount.fail(errno.EIO, after_bytes=-1)
+    with pytest.raises(ValueError, match=r"error must be an errno such as errno\.EIO, not 0"):
+        faulty_mount.fail(0)
+    with pytest.raises(RuntimeError, match="already mounted"):
+        faulty_mount.start()
     with pytest.raises(ValueError, match="seconds_per_write must be >= 0"):
         faulty_mount.slow(-1)
     (faulty_mount.path / "still.txt").write_text("works")  # nothing was set
