@@ -10,8 +10,9 @@ A pytest plugin (tests/conftest.py lists it in ``pytest_plugins``) with two fixt
 - ``small_tmpfs``: a function that mounts a tmpfs of the given size and returns its path.
 
 A test that uses one of them is marked ``fuse`` or ``mounts`` and is skipped, with the
-reason, where the machine lacks what it needs. Both are unmounted after the test, however
-it ends. The file system itself runs in its own process: tests/faultfs_daemon.py.
+reason, where the machine lacks what it needs; one that mounts with ``mounted(backing,
+mountpoint)`` itself carries ``@pytest.mark.fuse``. Every mount is gone after the test,
+however it ends. The file system runs in its own process: tests/faultfs_daemon.py.
 """
 
 from __future__ import annotations
