@@ -121,7 +121,8 @@ def _phase_seen(folder: Path) -> str:
     if not found:
         return "before the first checkpoint"
     newest = max(found, key=lambda name: found[name]["sequence"])
-    if catalog.read_latest_pointer(folder) != newest:
+    pointer = folder / "latest"
+    if not pointer.exists() or pointer.read_text().strip() != newest:
         return "between manifest and latest pointer"
     if len(found) > 2:
         return "before rotation finished"
@@ -367,6 +368,19 @@ def test_every_checkpoint_damaged_is_an_error_not_garbage(
     with pytest.warns(CheckpointWarning), pytest.raises(CheckpointError, match="no valid"):
         manager.load(state)
     assert state["step"] is None and torch.all(state["weights"] == 0.0)
+
+
+def test_the_newest_complete_checkpoint_wins_over_a_stale_pointer(tmp_path: Path) -> None:
+    """A kill (or a failed write) between the newest manifest and the pointer."""
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder)
+    for step in (1, 2, 3):
+        manager.save({"step": step}, step=step)
+    (folder / "latest").write_text("step-000000002\n")
+    state = {"step": 0}
+    assert manager.load(state).name == "step-000000003" and state["step"] == 3
+    assert manager.latest().name == "step-000000003"  # type: ignore[union-attr]
+    assert "step-000000003 (latest)" in str(manager.table())
 
 
 def plant_manifest(folder: Path, stem: str, **fields: Any) -> None:

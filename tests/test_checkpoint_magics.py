@@ -96,14 +96,37 @@ def test_configured_folder_is_used_without_dir(notebook, tmp_path: Path) -> None
     assert [info.step for info in CheckpointManager(folder).list()] == [0]
 
 
-def test_default_folder_is_under_the_platform_persistent_folder(notebook, tmp_path: Path,
-                                                                monkeypatch) -> None:
+@pytest.fixture
+def plain_machine(tmp_path: Path, monkeypatch) -> Path:
+    """A local machine whose home is tmp_path, with no notebook name known."""
     monkeypatch.setenv("HOME", str(tmp_path))
     for variable in ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE", "JUPYTERHUB_USER",
-                     "BINDER_SERVICE_HOST"):
+                     "BINDER_SERVICE_HOST", "JPY_SESSION_NAME"):
         monkeypatch.delenv(variable, raising=False)
+    return tmp_path
+
+
+def test_default_folder_is_under_the_platform_persistent_folder(notebook,
+                                                                plain_machine: Path) -> None:
     info = notebook.run_line_magic("checkpoint", "save model")
-    assert info.directory == tmp_path / "checkpoints" / "default"
+    assert info.directory == plain_machine / "checkpoints" / "default"
+
+
+@pytest.mark.parametrize(("variable", "value", "folder"), [
+    ("JPY_SESSION_NAME", "/home/me/my project/train v2.ipynb", "train v2"),
+    ("JPY_SESSION_NAME", "Untitled.ipynb", "Untitled"),
+    ("__vsc_ipynb_file__", "/work/eval.ipynb", "eval"),
+    ("JPY_SESSION_NAME", "/home/me/.ipynb", "default"),
+])
+def test_the_default_folder_is_the_notebooks_own(notebook, plain_machine: Path, monkeypatch,
+                                                 variable: str, value: str,
+                                                 folder: str) -> None:
+    if variable == "JPY_SESSION_NAME":  # set by Jupyter's server for a notebook's kernel
+        monkeypatch.setenv(variable, value)
+    else:  # VS Code puts it in the notebook's namespace
+        notebook.user_ns[variable] = value
+    info = notebook.run_line_magic("checkpoint", "save model")
+    assert info.directory == plain_machine / "checkpoints" / folder
 
 
 def test_auto_registers_and_saves_after_a_cell_when_due(notebook, tmp_path: Path,

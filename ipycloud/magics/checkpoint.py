@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,8 @@ class CheckpointMagics(Magics):
     """Checkpoints of notebook variables: durable, rotated, verified, resumable bit for bit."""
 
     directory = Unicode(
-        "", help="Folder for checkpoints; empty: <platform persistent folder>/checkpoints/default"
+        "", help="Folder for checkpoints; empty: <platform persistent folder>/checkpoints/"
+                 "<the notebook's name>, or .../default where the name is not known"
     ).tag(config=True)
     keep_last = Int(help="How many of the newest checkpoints to keep (default: the "
                          "runtime's KEEP_LAST)").tag(config=True)
@@ -118,6 +120,9 @@ class CheckpointMagics(Magics):
             %checkpoint restore model optimizer scheduler
             %checkpoint restore model --from before-finetune
             %checkpoint restore model optimizer --no-strict
+
+        Without ``--dir``, checkpoints go to ``<persistent folder>/checkpoints/<notebook>``,
+        a folder per notebook where Jupyter or VS Code names the notebook.
 
         Words are split as a shell splits them: quote a folder whose name has spaces
         (IPython puts in ``$name`` first)::
@@ -256,7 +261,16 @@ class CheckpointMagics(Magics):
         from ipycloud.runtime.checkpoint import default_directory
 
         chosen = folder or self.directory
-        return Path(chosen).expanduser() if chosen else default_directory("default")
+        return Path(chosen).expanduser() if chosen else default_directory(self._notebook())
+
+    def _notebook(self) -> str:
+        """The notebook's file name without ``.ipynb``, so each notebook gets a folder of
+        its own: as Jupyter's server (``JPY_SESSION_NAME``) or VS Code
+        (``__vsc_ipynb_file__``) names it; "default" where neither does."""
+        named = (os.environ.get("JPY_SESSION_NAME")
+                 or self._ipython.user_ns.get("__vsc_ipynb_file__") or "")
+        stem = Path(str(named)).name.removesuffix(".ipynb")
+        return stem if stem and not stem.startswith(".") else "default"
 
     def _manager(self, folder: str | None) -> CheckpointManager:
         from ipycloud.runtime.checkpoint import manager_for

@@ -4,10 +4,13 @@ The sampler, the usage totals, the session guard, the checkpoint writer of each 
 running background syncs and the latest mount are each one object per process, so a
 dashboard, a magic, a plain Python call and a server extension all see the same one.
 ``reset_process_state()`` stops and forgets them all (what a test or a fresh start wants).
+A forked child forgets them without closing them: they are its parent's (threads it does
+not have, the parent's checkpoint runs), and it makes its own on first use.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from functools import wraps
@@ -40,6 +43,16 @@ def per_process(close: Callable[[Any], object] | None = None
         return instance
 
     return decorate
+
+
+def _forget_in_child() -> None:
+    global _lock
+    _lock = threading.RLock()  # another thread may have held it at the fork
+    _made.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def reset_process_state() -> None:

@@ -5,8 +5,9 @@ Holds the checkpoint manager and its parts; may import ``machine`` and the share
 ``catalog`` (the folder layout and its table), ``integrity`` (files against their
 manifest, checksums this process knows), ``state`` (live objects to saveable state),
 ``restore`` (saved state back into live objects, all or nothing), ``rng`` (random
-generator states), ``auto`` (the objects registered for automatic saving), ``per_folder``
-(the one manager of each folder that every front shares), ``data_file`` (the data file's
+generator states), ``runs`` (which checkpoints each live writer owns), ``auto`` (the
+objects registered for automatic saving), ``per_folder`` (the one manager of each
+folder that every front shares), ``data_file`` (the data file's
 serialization), ``background`` (the thread that carries an asynchronous save),
 ``shared_buffers``, ``writer_process`` and ``writer_child`` (host copies in shared memory,
 written by a child process). Atomic, durable file writes come from
@@ -16,6 +17,7 @@ written by a child process). Atomic, durable file writes come from
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
+    CheckpointInUseError,
     CheckpointWarning,
     UnsafeCheckpointError,
 )
@@ -25,6 +27,7 @@ from ipycloud.runtime.checkpoint.per_folder import manager_for
 __all__ = [
     "KEEP_LAST",
     "CheckpointError",
+    "CheckpointInUseError",
     "CheckpointInfo",
     "CheckpointManager",
     "CheckpointTable",

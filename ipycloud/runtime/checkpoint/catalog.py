@@ -3,7 +3,8 @@
 Each checkpoint is two files: ``<name>.pt`` (the state, written with torch.save) and
 ``<name>.json`` (its manifest: step, metrics, versions, and the size and CRC-32 of the
 data file). The manifest is written last, atomically: a checkpoint exists exactly when its
-manifest does. ``latest`` holds the name of the newest complete checkpoint.
+manifest does. ``latest`` names the newest checkpoint, for people and scripts: a kill
+between a manifest and the pointer leaves it stale, so loading never relies on it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ BEST = "best"  # which= word for the best checkpoint by the keep_best metric
 COMPLETE, WRITING, DAMAGED = "complete", "writing", "damaged"  # CheckpointInfo.status
 _NAME = re.compile(r"^step-\d{9,}(-[A-Za-z][A-Za-z0-9_.-]*)?(\.\d+)?$")
 _TAG = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
+_RUN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class CheckpointInfo:
     versions: dict[str, str | None] = field(default_factory=dict)
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # file -> size, crc32
     keep_best: list[Any] | None = None  # the saving manager's [metric, mode, count]
+    run: str | None = None  # the run it belongs to (see ``runs``); None before runs existed
     status: str = COMPLETE  # as listed: complete, writing (in the background) or damaged
 
     @property
@@ -113,6 +116,8 @@ def _check_fields(info: CheckpointInfo) -> None:
             raise ValueError(f"{field_name} must be a non-negative integer")
     if isinstance(info.time, bool) or not isinstance(info.time, int | float):
         raise ValueError("time must be a number")
+    if info.run is not None and not (isinstance(info.run, str) and _RUN.match(info.run)):
+        raise ValueError(f"not a run id: {info.run!r}")
     if not isinstance(info.metrics, dict) or not all(
             isinstance(value, int | float) for value in info.metrics.values()):
         raise ValueError("metrics must map names to numbers")
@@ -178,15 +183,9 @@ def write_manifest(info: CheckpointInfo) -> None:
     write_bytes_atomically(info.manifest_path, text.encode())
 
 
-def read_latest_pointer(directory: Path) -> str | None:
-    try:
-        name = (directory / LATEST_POINTER).read_text().strip()
-    except OSError:
-        return None
-    return name if is_checkpoint_name(name) else None
-
-
 def write_latest_pointer(directory: Path, name: str) -> None:
+    """Name the newest checkpoint in the file ``latest``: a hint for people and scripts;
+    loading never relies on it (the newest complete manifest wins)."""
     write_bytes_atomically(directory / LATEST_POINTER, f"{name}\n".encode())
 
 

@@ -11,5 +11,10 @@ class UnsafeCheckpointError(CheckpointError):
     """The checkpoint holds pickled objects that could run code when loaded."""
 
 
+class CheckpointInUseError(CheckpointError):
+    """Every checkpoint that "latest" or "best" could pick belongs to a run that another
+    live process writes."""
+
+
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (failed verification) and an older one is used instead."""

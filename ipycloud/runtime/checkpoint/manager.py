@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from ipycloud._version import __version__
 from ipycloud.runtime._optional import is_available, require
-from ipycloud.runtime.checkpoint import catalog, integrity, rng, writer_process
+from ipycloud.runtime.checkpoint import catalog, integrity, rng, runs, writer_process
 from ipycloud.runtime.checkpoint.background import (
     BackgroundWriter,
     background_pays_off,
@@ -30,6 +30,7 @@ from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.data_file import write_data_file
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
+    CheckpointInUseError,
     CheckpointWarning,
     UnsafeCheckpointError,
 )
@@ -58,6 +59,11 @@ class CheckpointManager:
     ``keep_last`` newest checkpoints are kept (None keeps all); ``keep_best=("val_loss",
     "min")`` or ``("accuracy", "max", 2)`` also keeps the best by a metric, and
     ``load(which="best")`` loads the best. Tagged checkpoints are never rotated away.
+
+    Each checkpoint belongs to a run (see ``runs``): this process continues the newest run
+    in the folder whose writer is gone, or starts its own beside a run another live
+    process writes. Rotation removes only checkpoints of this process's run; "latest" and
+    "best" never pick one of a run another live process writes.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None,
@@ -114,7 +120,8 @@ class CheckpointManager:
             raise CheckpointError(f"cannot create the folder {self.directory}: "
                                   f"{error.strerror or error}") from error
         details: dict[str, Any] = {
-            "step": step, "time": time.time(), "tag": tag, "epoch": epoch,
+            "run": self._claim_run(), "step": step, "time": time.time(), "tag": tag,
+            "epoch": epoch,
             "data_position": position, "metrics": checked_metrics, "objects": captured.kinds,
             "rng": sorted(rng_states), "versions": _versions(),
             "keep_best": None if self.keep_best is None else list(self.keep_best)}
@@ -130,6 +137,14 @@ class CheckpointManager:
                                        status=catalog.WRITING, **details)
         self._writer.submit(lambda: self._write_in_background(details, staged, write_data))
         return None
+
+    def _claim_run(self) -> str:
+        """This process's run in the folder, claimed at its first save there."""
+        run = runs.claimed(self.directory)
+        if run is None or not runs.leased(self.directory):
+            run = runs.claim(self.directory, catalog.read_catalog(self.directory)[0],
+                             stacklevel=4)
+        return run
 
     def _stage(self, payload: dict[str, Any],
                in_host_memory: bool) -> tuple[dict[str, Any], WriteData]:
@@ -235,8 +250,12 @@ class CheckpointManager:
             fsync_folder(self.directory)
 
     def _rotate(self, infos: list[CheckpointInfo]) -> None:
-        """Delete what the keep rules no longer cover among ``infos`` (oldest first); runs
-        only after the newest, the last of them, is complete."""
+        """Delete what the keep rules no longer cover among ``infos`` (oldest first) of the
+        run of the newest, the last of them; runs only after that one is complete.
+
+        Checkpoints saved before runs existed count as the run's own.
+        """
+        infos = [info for info in infos if info.run in (infos[-1].run, None)]
         keep = {infos[-1].name} | {info.name for info in infos if info.tag}
         untagged = [info for info in infos if not info.tag]
         if self.keep_last is None:
@@ -283,9 +302,13 @@ class CheckpointManager:
         return CheckpointTable(self.directory, infos, latest.name if latest else None)
 
     def next_step(self) -> int:
-        """One more than the highest step saved here, or 0 for an empty folder."""
-        infos = self.list() if self.directory.is_dir() else []
-        return max((info.step for info in infos), default=-1) + 1
+        """One more than the highest step saved here, or 0 for an empty folder (the runs
+        another live process writes left out)."""
+        if not self.directory.is_dir():
+            return 0
+        others = self._others_runs()
+        return max((info.step for info in self.list() if info.run not in others),
+                   default=-1) + 1
 
     def latest(self) -> CheckpointInfo | None:
         """The newest checkpoint that passes verification, or None when there is none."""
@@ -312,6 +335,8 @@ class CheckpointManager:
         restore(state, payload["state"], strict, payload.get("kinds"), payload.get("shapes"))
         if restore_rng:
             rng.restore_rng_states(payload.get("rng", {}))
+        if info.run not in self._others_runs():
+            runs.adopt(self.directory, info.run)  # later saves continue its run
         return info
 
     def _require_directory(self) -> None:
@@ -360,12 +385,15 @@ class CheckpointManager:
                 damaged(info, problem)
 
     def _candidates(self, which: Which, *, warn: bool = True) -> Sequence[CheckpointInfo]:
-        """Checkpoints matching ``which``, preferred first: for "latest" the pointer's, then
-        the newest; for "best" the best by the metric; otherwise the newest."""
+        """Checkpoints matching ``which``, preferred first: for "latest" the newest, for
+        "best" the best by the metric (neither of a run another live process writes);
+        otherwise the newest."""
         infos, unreadable = catalog.read_catalog(self.directory)
         for name in unreadable if warn else ():
             warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
                           "skipping it", CheckpointWarning, stacklevel=4)
+        if which in ("latest", catalog.BEST):
+            infos = self._without_others(infos)
         if which == catalog.BEST:
             metric, mode, _ = self._best_rule(infos)
             candidates = _ranked(infos, metric, mode)
@@ -375,10 +403,28 @@ class CheckpointManager:
                                       f"{metric!r} that keep_best ranks by (metrics saved: "
                                       f"{saved or 'none'})")
         else:
-            candidates = _candidates(infos, which, catalog.read_latest_pointer(self.directory))
+            candidates = _candidates(infos, which)
         if not candidates and which != "latest":
             raise CheckpointError(_not_found(which, infos, self.directory))
         return candidates
+
+    def _others_runs(self) -> dict[str, runs.Writer]:
+        """The runs in the folder that another live process writes (not this one's)."""
+        others = runs.live_elsewhere(self.directory)
+        others.pop(runs.claimed(self.directory) or "", None)
+        return others
+
+    def _without_others(self, infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
+        """``infos`` less those of runs another live process writes; CheckpointInUseError
+        when that leaves none of many."""
+        others = self._others_runs()
+        mine = [info for info in infos if info.run not in others]
+        if infos and not mine:
+            names = ", ".join(writer.describe() for writer in others.values())
+            raise CheckpointInUseError(
+                f"every checkpoint in {self.directory} belongs to a run that another live "
+                f"process ({names}) writes: pick one by step or name to load it anyway")
+        return mine
 
     def _best_rule(self, infos: Sequence[CheckpointInfo]) -> tuple[str, str, int]:
         """This manager's keep_best, else the one the newest checkpoint was saved with."""
@@ -425,11 +471,10 @@ def default_directory(run: str) -> Path:
     return platform.persistent_dir / "checkpoints" / run
 
 
-def _candidates(infos: list[CheckpointInfo], which: Which,
-                latest: str | None) -> list[CheckpointInfo]:
+def _candidates(infos: list[CheckpointInfo], which: Which) -> list[CheckpointInfo]:
     newest_first = infos[::-1]
-    if which == "latest":
-        return sorted(newest_first, key=lambda info: info.name != latest)  # pointer first
+    if which == "latest":  # the newest complete one, whatever the pointer says
+        return newest_first
     if isinstance(which, int) and not isinstance(which, bool):
         return [info for info in newest_first if info.step == which]
     if isinstance(which, str):

@@ -152,6 +152,7 @@ class _Trainer:
         self._last_save = time.monotonic()
         self._interrupt: DeferredInterrupt | None = None
         self._changed: list[str] = []  # settings a resumed checkpoint replaced
+        self._notes: list[str] = []  # said before the first step
 
     # -- the run --------------------------------------------------------------------------
 
@@ -490,11 +491,19 @@ class _Trainer:
             if resume != "auto":
                 raise ValueError(f"nothing to resume from: no checkpoint in {manager.directory}")
             return None
+        from ipycloud.runtime.checkpoint import CheckpointInUseError
+
         scheduled = self.scheduler is not None
         before = resuming.hyper_parameters(self.optimizer, scheduled)
         state = self._state()
         which = "latest" if resume == "auto" or resume is True else resume
-        info = manager.load(state, which=which, map_location="cpu")
+        try:
+            info = manager.load(state, which=which, map_location="cpu")
+        except CheckpointInUseError as error:
+            if resume != "auto":
+                raise
+            self._notes.append(f"ipycloud.fit: starting afresh: {error}")
+            return None
         self.history.restore(state["history"])
         self._changed = resuming.changed_settings(
             before, resuming.hyper_parameters(self.optimizer, scheduled))
@@ -518,7 +527,7 @@ class _Trainer:
         lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
                  f"{plan.precision.name} ({plan.precision.reason}){world}{plateau}"]
         changed = resuming.taken_from_checkpoint_line(self._changed)
-        return lines + ([changed] if changed else [])
+        return self._notes + lines + ([changed] if changed else [])
 
     def _complete_line(self, resumed: Any) -> str:
         how = f"{self.history.stopped}; " if self.history.stopped else ""
