@@ -388,12 +388,11 @@ class CheckpointManager:
         """Checkpoints matching ``which``, preferred first: for "latest" the newest, for
         "best" the best by the metric (neither of a run another live process writes);
         otherwise the newest."""
-        infos, unreadable = catalog.read_catalog(self.directory)
+        found, unreadable = catalog.read_catalog(self.directory)
         for name in unreadable if warn else ():
             warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
                           "skipping it", CheckpointWarning, stacklevel=4)
-        if which in ("latest", catalog.BEST):
-            infos = self._without_others(infos)
+        infos = self._without_others(found) if which in ("latest", catalog.BEST) else found
         if which == catalog.BEST:
             metric, mode, _ = self._best_rule(infos)
             candidates = _ranked(infos, metric, mode)
@@ -414,7 +413,7 @@ class CheckpointManager:
         others.pop(runs.claimed(self.directory) or "", None)
         return others
 
-    def _without_others(self, infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
+    def _without_others(self, infos: Sequence[CheckpointInfo]) -> Sequence[CheckpointInfo]:
         """``infos`` less those of runs another live process writes; CheckpointInUseError
         when that leaves none of many."""
         others = self._others_runs()
@@ -471,8 +470,8 @@ def default_directory(run: str) -> Path:
     return platform.persistent_dir / "checkpoints" / run
 
 
-def _candidates(infos: list[CheckpointInfo], which: Which) -> list[CheckpointInfo]:
-    newest_first = infos[::-1]
+def _candidates(infos: Sequence[CheckpointInfo], which: Which) -> list[CheckpointInfo]:
+    newest_first = list(reversed(infos))
     if which == "latest":  # the newest complete one, whatever the pointer says
         return newest_first
     if isinstance(which, int) and not isinstance(which, bool):
@@ -482,14 +481,14 @@ def _candidates(infos: list[CheckpointInfo], which: Which) -> list[CheckpointInf
     raise TypeError(f"which must be 'latest', a step or a tag, not {which!r}")
 
 
-def _ranked(infos: list[CheckpointInfo], metric: str, mode: str) -> list[CheckpointInfo]:
+def _ranked(infos: Sequence[CheckpointInfo], metric: str, mode: str) -> list[CheckpointInfo]:
     """The checkpoints that recorded ``metric``, best first (of equals, the newest)."""
     scored = [info for info in infos if metric in info.metrics]
     return sorted(scored, key=lambda info: (info.metrics[metric] * (1 if mode == "min" else -1),
                                             -info.sequence))
 
 
-def _not_found(which: Which, infos: list[CheckpointInfo], directory: Path) -> str:
+def _not_found(which: Which, infos: Sequence[CheckpointInfo], directory: Path) -> str:
     if isinstance(which, int):
         steps = ", ".join(str(info.step) for info in infos) or "none"
         return f"no checkpoint of step {which} in {directory} (steps saved: {steps})"
