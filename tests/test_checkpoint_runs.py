@@ -18,7 +18,6 @@ from kernels import kernel, run
 
 import ipycloud
 from ipycloud.runtime.checkpoint import (
-    CheckpointError,
     CheckpointManager,
     CheckpointWarning,
     runs,
@@ -145,16 +144,20 @@ def test_a_fresh_process_continues_the_newest_run_whose_writer_is_gone(tmp_path:
     assert steps_by_run(folder) == {run: [2, 3]}  # rotated: one run, keep_last=2
 
 
-def test_latest_refuses_when_every_checkpoint_is_another_live_writers(
+def test_a_process_that_only_reads_loads_the_live_writers_newest(
         tmp_path: Path, other_kernel: OtherKernel) -> None:
-    other_kernel.ask(do="save", value=1.0, step=1)
-    manager = CheckpointManager(tmp_path / "shared")
+    """An evaluation notebook reads the folder a training notebook writes."""
+    folder = tmp_path / "shared"
+    theirs = other_kernel.ask(do="save", value=1.0, step=1)
+    other_kernel.ask(do="save", value=2.0, step=2)
+    reader = CheckpointManager(folder)
     state = {"value": torch.tensor(0.0)}
-    with pytest.raises(CheckpointError, match=r"another live process \(pid \d+\).*by step "):
-        manager.load(state)
-    assert manager.load(state, which=1).step == 1  # named: loaded anyway
-    assert float(state["value"]) == 1.0
-    assert runs.claimed(tmp_path / "shared") is None  # and not continued
+    assert reader.load(state).step == 2 and float(state["value"]) == 2.0
+    assert "step-000000002 (latest)" in str(reader.table())
+    assert list(reader.live_writers()) == [theirs]
+    assert runs.claimed(folder) is None  # its run is not continued here
+    save_quietly(reader, 9.0, 9)
+    assert runs.claimed(folder) != theirs
 
 
 def test_fit_starts_afresh_beside_another_live_writers_run(
@@ -168,7 +171,7 @@ def test_fit_starts_afresh_beside_another_live_writers_run(
     with pytest.warns(CheckpointWarning, match="another live process"):
         history = ipycloud.fit(model, optimizer, data, checkpoint=folder)
     assert history.steps[-1]["step"] == 3
-    assert "ipycloud.fit: starting afresh: every checkpoint in" in capsys.readouterr().out
+    assert "ipycloud.fit: starting afresh: the checkpoints in" in capsys.readouterr().out
     assert steps_by_run(folder)[theirs] == [7]
     assert [step for run, steps in steps_by_run(folder).items() if run != theirs
             for step in steps] == [3]

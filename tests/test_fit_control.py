@@ -14,7 +14,7 @@ from checkpoint_helpers import differences
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager
 from ipycloud.runtime.train import precision
 from ipycloud.runtime.train.interrupt import DeferredInterrupt
 from ipycloud.runtime.train.loop import fit
@@ -114,6 +114,16 @@ def test_the_best_checkpoint_carries_the_epoch_metrics_and_loads_as_best(
     assert by_step[best]["val_score"] == 0.9 and "train_loss" in by_step[best]
     model, _ = model_and_optimizer()
     assert manager.load({"model": model}, which="best", strict=False).step == best
+
+
+def test_early_stopping_and_the_best_checkpoint_agree_on_a_tie(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=1, keep_best=("val_score", "max"))
+    _, history = run(manager, epochs=5, val_data=data(), early_stop=("val_score", 2),
+                     metrics={"score": Scores([0.3, 0.9, 0.9, 0.4, 1.0])})
+    assert history.stopped is not None and "since epoch 1 (0.9)" in history.stopped
+    model, _ = model_and_optimizer()
+    best = manager.load({"model": model}, which="best", strict=False)
+    assert best.step == 2 * STEPS_PER_EPOCH  # the end of epoch 1, as the stop says
 
 
 def test_early_stopping_ends_the_run_and_the_rerun_says_it_is_complete(
@@ -224,3 +234,81 @@ def test_cuda_without_a_visible_gpu_is_a_one_line_error(monkeypatch: pytest.Monk
     monkeypatch.setattr(device, "_visible_gpus", lambda: ())
     with pytest.raises(ValueError, match="needs an NVIDIA GPU, and none is visible"):
         device.choose_device("cuda:0")
+
+
+def test_a_checkpoint_in_a_file_is_refused_before_training(tmp_path: Path) -> None:
+    a_file = tmp_path / "weights.pt"
+    a_file.write_bytes(b"not a folder")
+    model, optimizer = model_and_optimizer()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"checkpoint= must be a folder, and .*weights.pt is "
+                                         "a file"):
+        fit(model, optimizer, data(), checkpoint=a_file, device="cpu", progress=False)
+    assert differences(model.state_dict(), before) == []  # not one step taken
+    assert a_file.read_bytes() == b"not a folder"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"early_stop": ("val_loss", 2)}, "early_stop watches 'val_loss', which only val_data= "
+                                      "gives"),
+    ({"early_stop": ("val_f1", 2), "val_data": "data"},
+     "early_stop watches 'val_f1', which no epoch of this run reports (they report "
+     "train_loss, val_loss, val_accuracy)"),
+    ({"early_stop": ("accuracy", 2)}, "early_stop watches 'accuracy', which no epoch"),
+    ({"keep_best": ("val_loss", "min")}, "the checkpoint's keep_best watches 'val_loss', "
+                                         "which only val_data= gives"),
+])
+def test_a_watched_metric_no_epoch_reports_is_refused_before_training(
+        tmp_path: Path, options: dict[str, Any], message: str) -> None:
+    seen: list[int] = []
+
+    class Steps:
+        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+            seen.append(step)
+
+    if options.pop("val_data", None):
+        options["val_data"] = data()
+    keep_best = options.pop("keep_best", None)
+    checkpoint = CheckpointManager(tmp_path / "run", keep_best=keep_best) if keep_best else None
+    with pytest.raises(ValueError) as caught:
+        run(checkpoint, callbacks=[Steps()], **options)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert seen == []
+
+
+def test_a_checkpoint_that_does_not_fit_names_what_fit_takes(tmp_path: Path) -> None:
+    run(tmp_path / "run", epochs=1)
+    other = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 3))
+    with pytest.raises(CheckpointError) as caught:
+        fit(other, torch.optim.SGD(other.parameters(), lr=0.1), data(), epochs=2,
+            checkpoint=tmp_path / "run", device="cpu", progress=False)
+    message = str(caught.value)
+    assert message.startswith(f"cannot resume from {tmp_path / 'run'}: cannot restore 'model'")
+    assert message.endswith("pass resume=False to start afresh, or another checkpoint= folder")
+    assert "strict" not in message
+
+
+class StopAt:
+    """Stops the run after a given step, as a kill would (the checkpoint is then resumed)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, step: int, logs: dict[str, Any]) -> bool:
+        return step == self.step
+
+
+def test_a_resumed_history_equals_the_uninterrupted_one(tmp_path: Path) -> None:
+    """Log windows of 3 steps, a checkpoint every 5: the resumed run's rows and epoch
+    losses fall where the uninterrupted run's do."""
+    options = {"epochs": 3, "log_every": 3, "checkpoint_every": 5, "val_data": data()}
+    _, whole = run(tmp_path / "whole", **options)
+    run(tmp_path / "stopped", callbacks=[StopAt(7)], **options)
+    manager = CheckpointManager(tmp_path / "stopped")
+    for info in manager.list()[1:]:  # back to the periodic checkpoint of step 5
+        info.manifest_path.unlink()
+    _, resumed = run(tmp_path / "stopped", **options)
+    assert [row["step"] for row in whole.steps] == [3, 4, 6, 8, 9, 12]
+    assert resumed.steps == whole.steps
+    assert resumed.epochs == [{**row, "seconds": resumed.epochs[index]["seconds"]}
+                              for index, row in enumerate(whole.epochs)]

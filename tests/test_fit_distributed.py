@@ -54,3 +54,24 @@ def test_only_rank_zero_writes_checkpoints(tmp_path: Path) -> None:
     launch(train, PER_RANK_BATCH, str(tmp_path / "ddp"), nprocs=2, backend="gloo")
     names = [info.name for info in CheckpointManager(tmp_path / "ddp").list()]
     assert names == ["step-000000005", "step-000000010", "step-000000012"]  # one writer
+
+
+def train_epochs(batch_size: int, folder: str, **options: Any) -> dict[str, Any]:
+    model, optimizer = model_and_optimizer()
+    history = fit(model, optimizer, DataLoader(dataset(), batch_size=batch_size, shuffle=True),
+                  precision="fp32", device="cpu", progress=False, seed=11, checkpoint=folder,
+                  **options)
+    return {"epochs": [row["epoch"] for row in history.epochs],
+            "step": history.steps[-1]["step"]}
+
+
+def test_a_checkpoint_of_two_processes_at_an_epochs_end_resumes_in_one(tmp_path: Path) -> None:
+    """Two ranks stop right after the epoch's last batch; one process goes on from there."""
+    folder = str(tmp_path / "ddp")
+    steps_per_epoch = SAMPLES // (2 * PER_RANK_BATCH)
+    launch(train_epochs, PER_RANK_BATCH, folder, max_steps=steps_per_epoch, nprocs=2,
+           backend="gloo")
+    saved = CheckpointManager(folder).list()[-1]
+    assert (saved.step, saved.epoch) == (steps_per_epoch, 0)
+    resumed = train_epochs(2 * PER_RANK_BATCH, folder, epochs=2)
+    assert resumed == {"epochs": [0, 1], "step": 2 * steps_per_epoch}

@@ -17,7 +17,7 @@ written by a child process). Atomic, durable file writes come from
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
-    CheckpointInUseError,
+    CheckpointMismatchError,
     CheckpointWarning,
     UnsafeCheckpointError,
 )
@@ -27,9 +27,9 @@ from ipycloud.runtime.checkpoint.per_folder import manager_for
 __all__ = [
     "KEEP_LAST",
     "CheckpointError",
-    "CheckpointInUseError",
     "CheckpointInfo",
     "CheckpointManager",
+    "CheckpointMismatchError",
     "CheckpointTable",
     "CheckpointWarning",
     "UnsafeCheckpointError",

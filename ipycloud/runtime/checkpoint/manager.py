@@ -30,7 +30,6 @@ from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.data_file import write_data_file
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
-    CheckpointInUseError,
     CheckpointWarning,
     UnsafeCheckpointError,
 )
@@ -63,7 +62,8 @@ class CheckpointManager:
     Each checkpoint belongs to a run (see ``runs``): this process continues the newest run
     in the folder whose writer is gone, or starts its own beside a run another live
     process writes. Rotation removes only checkpoints of this process's run; "latest" and
-    "best" never pick one of a run another live process writes.
+    "best" pick one of a run another live process writes only when the folder holds no
+    other (a process that only reads the folder).
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None,
@@ -386,8 +386,8 @@ class CheckpointManager:
 
     def _candidates(self, which: Which, *, warn: bool = True) -> Sequence[CheckpointInfo]:
         """Checkpoints matching ``which``, preferred first: for "latest" the newest, for
-        "best" the best by the metric (neither of a run another live process writes);
-        otherwise the newest."""
+        "best" the best by the metric (of runs another live process writes only when there
+        is no other); otherwise the newest."""
         found, unreadable = catalog.read_catalog(self.directory)
         for name in unreadable if warn else ():
             warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
@@ -413,17 +413,17 @@ class CheckpointManager:
         others.pop(runs.claimed(self.directory) or "", None)
         return others
 
+    def live_writers(self) -> dict[str, runs.Writer]:
+        """The runs in the folder that another live process on this machine writes, by run
+        id (``CheckpointInfo.run``), with the process that writes each."""
+        return self._others_runs()
+
     def _without_others(self, infos: Sequence[CheckpointInfo]) -> Sequence[CheckpointInfo]:
-        """``infos`` less those of runs another live process writes; CheckpointInUseError
-        when that leaves none of many."""
+        """``infos`` less those of runs another live process writes, unless that leaves
+        none (this process only reads the folder: its newest is what it asks for)."""
         others = self._others_runs()
         mine = [info for info in infos if info.run not in others]
-        if infos and not mine:
-            names = ", ".join(writer.describe() for writer in others.values())
-            raise CheckpointInUseError(
-                f"every checkpoint in {self.directory} belongs to a run that another live "
-                f"process ({names}) writes: pick one by step or name to load it anyway")
-        return mine
+        return mine or infos
 
     def _best_rule(self, infos: Sequence[CheckpointInfo]) -> tuple[str, str, int]:
         """This manager's keep_best, else the one the newest checkpoint was saved with."""
@@ -482,10 +482,11 @@ def _candidates(infos: Sequence[CheckpointInfo], which: Which) -> list[Checkpoin
 
 
 def _ranked(infos: Sequence[CheckpointInfo], metric: str, mode: str) -> list[CheckpointInfo]:
-    """The checkpoints that recorded ``metric``, best first (of equals, the newest)."""
+    """The checkpoints that recorded ``metric``, best first; of equals, the first to reach
+    the value (as early stopping counts: only a strict improvement is one)."""
     scored = [info for info in infos if metric in info.metrics]
     return sorted(scored, key=lambda info: (info.metrics[metric] * (1 if mode == "min" else -1),
-                                            -info.sequence))
+                                            info.sequence))
 
 
 def _not_found(which: Which, infos: Sequence[CheckpointInfo], directory: Path) -> str:

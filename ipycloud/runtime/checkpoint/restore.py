@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Any, cast
 
-from ipycloud.runtime.checkpoint.errors import CheckpointError
+from ipycloud.runtime.checkpoint.errors import CheckpointError, CheckpointMismatchError
 from ipycloud.runtime.checkpoint.state import (
     GENERATOR,
     STATEFUL,
@@ -40,15 +40,17 @@ def restore(state: MutableMapping[str, Any] | Mapping[str, Any], saved: Mapping[
     """
     missing = [name for name in state if name not in saved]
     if missing and strict:
-        raise CheckpointError(f"the checkpoint has no {', '.join(map(repr, missing))} (it "
-                              f"holds {', '.join(map(repr, saved)) or 'nothing'}); pass "
-                              "strict=False to restore the rest")
+        raise CheckpointMismatchError(
+            f"the checkpoint has no {', '.join(map(repr, missing))} (it holds "
+            f"{', '.join(map(repr, saved)) or 'nothing'})",
+            "; pass strict=False to restore the rest")
     names = [name for name in state if name in saved]
     for name in names:
         problem = _problem(state, name, saved[name], strict, (kinds or {}).get(name),
                            (shapes or {}).get(name))
         if problem is not None:
-            raise CheckpointError(f"cannot restore {name!r}: {problem}")
+            raise CheckpointMismatchError(f"cannot restore {name!r}: {problem}",
+                                          _hint(state[name], saved[name], strict))
     names.sort(key=lambda name: _checked(state[name]))  # the unchecked ones first
     for name in names:
         _put_back(state, name, saved[name], strict)
@@ -103,18 +105,30 @@ def _module_problem(module: Any, value: Any, strict: bool) -> str | None:
     if not isinstance(value, Mapping):
         return "the checkpoint holds no module state"
     live = module.state_dict()
-    wrong = [key for key, tensor in value.items() if key in live
-             and getattr(tensor, "shape", None) != live[key].shape]
+    wrong = _wrong_shapes(live, value)
     missing, unexpected = sorted(set(live) - set(value)), sorted(set(value) - set(live))
     problems = [f"shapes differ for {', '.join(wrong)}"] if wrong else []
     if strict and missing:
         problems.append(f"missing {', '.join(missing)}")
     if strict and unexpected:
         problems.append(f"unexpected {', '.join(unexpected)}")
-    if not problems:
+    return "; ".join(problems) or None
+
+
+def _hint(obj: Any, value: Any, strict: bool) -> str | None:
+    """How ``strict=False`` would help a module whose keys differ but whose shapes fit."""
+    import torch
+
+    if (not strict or not isinstance(obj, torch.nn.Module) or not isinstance(value, Mapping)
+            or _wrong_shapes(obj.state_dict(), value)):
         return None
-    hint = " (strict=False skips missing and unexpected keys)" if not wrong else ""
-    return "; ".join(problems) + hint
+    return " (strict=False skips missing and unexpected keys)"
+
+
+def _wrong_shapes(live: Mapping[str, Any], saved: Mapping[str, Any]) -> list[str]:
+    """The keys of a module's state whose saved tensor has another shape than the live one."""
+    return [key for key, tensor in saved.items()
+            if key in live and getattr(tensor, "shape", None) != live[key].shape]
 
 
 def _optimizer_problem(optimizer: Any, value: Any, shapes: Shapes | None) -> str | None:

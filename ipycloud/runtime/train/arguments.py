@@ -49,9 +49,33 @@ def checkpoint_seconds(every: str | int) -> float | None:
 def checkpoint_manager(checkpoint: Any) -> Any:
     from ipycloud.runtime.checkpoint import CheckpointManager, manager_for
 
-    if checkpoint is None or isinstance(checkpoint, CheckpointManager):
-        return checkpoint
+    if checkpoint is None:
+        return None
     if isinstance(checkpoint, str | os.PathLike):
-        return manager_for(checkpoint)
-    raise TypeError("checkpoint must be a folder or a CheckpointManager, not "
-                    f"{type(checkpoint).__name__}")
+        manager = manager_for(checkpoint)
+    elif isinstance(checkpoint, CheckpointManager):
+        manager = checkpoint
+    else:
+        raise TypeError("checkpoint must be a folder or a CheckpointManager, not "
+                        f"{type(checkpoint).__name__}")
+    if manager.directory.exists() and not manager.directory.is_dir():
+        raise ValueError(f"checkpoint= must be a folder, and {manager.directory} is a file: "
+                         "name a folder (made if missing)")
+    return manager
+
+
+def check_epoch_metric(metric: str, what: str, has_validation: bool,
+                       metric_names: Iterable[str]) -> None:
+    """ValueError unless the epochs of this run report ``metric`` (watched by ``what``)."""
+    if metric == "train_loss":
+        return
+    reported = ["train_loss"]
+    if has_validation:
+        reported += ["val_loss", "val_accuracy", *(f"val_{name}" for name in metric_names)]
+        if metric in reported:
+            return
+    elif metric.startswith("val_"):
+        raise ValueError(f"{what} watches {metric!r}, which only val_data= gives: pass "
+                         "val_data, or watch 'train_loss'")
+    raise ValueError(f"{what} watches {metric!r}, which no epoch of this run reports (they "
+                     f"report {', '.join(reported)})")

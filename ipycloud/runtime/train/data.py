@@ -70,6 +70,11 @@ class EpochData:
                 "map-style dataset")
         self.batches = int(position.get("batch", 0))
 
+    def consumed_any(self) -> bool:
+        """Whether any of this epoch's data is behind this rank: trained on in this run,
+        or before a resume (by any number of processes)."""
+        return self._consumed() > 0 if self._sampler is not None else self.batches > 0
+
     def next_epoch(self) -> None:
         self.epoch, self.batches, self._start = self.epoch + 1, 0, 0
 

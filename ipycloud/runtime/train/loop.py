@@ -21,6 +21,7 @@ from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.arguments import (
     check_arguments,
+    check_epoch_metric,
     checkpoint_manager,
     checkpoint_seconds,
 )
@@ -113,6 +114,12 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         checkpoint_every_steps=checkpoint_every if isinstance(checkpoint_every, int) else None,
         metrics=check_metrics(metrics))
     stopping = early_stopping(early_stop)
+    watched = {"early_stop": stopping.metric if stopping else None,
+               "the checkpoint's keep_best": manager.keep_best[0]
+               if manager is not None and manager.keep_best else None}
+    for what, metric in watched.items():
+        if metric is not None:
+            check_epoch_metric(metric, what, val_data is not None, plan.metrics)
     trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan,
                        Callbacks([*callbacks, *([stopping] if stopping else [])]),
                        seed if seed is not None else torch.initial_seed() % 2**31)
@@ -144,7 +151,7 @@ class _Trainer:
         self.data: EpochData = None  # type: ignore[assignment]  # set when the run starts
         self.xla = plan.choice.kind == "xla"
         self._losses: list[Any] = []  # step losses since the last read, on the device
-        self._unlogged_steps = 0
+        self._window: list[float] = []  # step losses read since the last logged row
         self._moves_batches = not self.xla and self.device.type != "cpu"
         self._skipped_in_a_row = 0  # fp16 steps skipped by the scaler
         self._reported_checkpoint: str | None = None  # the last one told to callbacks
@@ -209,7 +216,6 @@ class _Trainer:
 
     def _between_steps(self, manager: Any, bar: Progress) -> None:
         if manager is not None and self._checkpoint_due():
-            self._log(bar)  # never checkpoint a NaN unseen
             self._save(manager, blocking="auto")
         if self.main:
             self._auto_checkpoint(bar)
@@ -234,7 +240,7 @@ class _Trainer:
                 self.data.consumed(len(group))
                 self._finish_step(bar)
                 yield
-        if not self.data.batches:
+        if not self.data.consumed_any():
             raise ValueError("train_data is empty: it gave no batch" + (
                 f" in epoch {self.data.epoch} (an iterator can be read only once: pass a "
                 "DataLoader or a list)" if self.data.epoch else ""))
@@ -277,7 +283,6 @@ class _Trainer:
     def _finish_step(self, bar: Progress) -> None:
         self._optimizer_step()
         self.step += 1
-        self._unlogged_steps += 1
         row = self._log(bar) if self.step % self.plan.log_every == 0 else None
         if self.callbacks.callbacks:
             logs = row or {"step": self.step, "epoch": self.data.epoch, "loss": None,
@@ -342,23 +347,38 @@ class _Trainer:
             self.loss_rule = pick_loss(outputs, labels, self.shifted)
         return self.loss_rule.compute(outputs, labels)
 
-    def _log(self, bar: Progress) -> dict[str, Any] | None:
-        """Read the losses gathered since the last read (one device sync) and report them."""
+    def _read_losses(self) -> None:
+        """Bring the step losses gathered on the device to the host (one device sync) and
+        stop the run at a NaN or infinite one."""
+        if not self._losses:
+            return
         import torch
 
-        losses, steps = self._losses, self._unlogged_steps
-        if not losses or not steps:
-            return None
-        self._losses, self._unlogged_steps = [], 0
-        mean = float(torch.stack(losses).float().mean().item())
-        if mean != mean or mean in (float("inf"), float("-inf")):
-            first = self.step - steps + 1
+        values = torch.stack(self._losses).float().cpu().tolist()
+        self._losses = []
+        first = self.step - len(values) + 1
+        self._window += values
+        if any(value != value or value in (float("inf"), float("-inf")) for value in values):
             raise NonFiniteLossError(
-                f"the loss is {mean} in optimizer steps {first} to {self.step} "
-                f"(epoch {self.data.epoch}); earlier checkpoints are intact")
+                f"the loss is {sum(values) / len(values)} in optimizer steps {first} to "
+                f"{self.step} (epoch {self.data.epoch}); earlier checkpoints are intact")
+
+    def _log(self, bar: Progress) -> dict[str, Any] | None:
+        """Report the mean loss of the steps since the last row, as a row of the history.
+
+        Rows fall every ``log_every`` steps and at each epoch's end, wherever checkpoints
+        were taken, so a resumed run's history equals the uninterrupted run's.
+        """
+        import torch
+
+        self._read_losses()
+        window, self._window = self._window, []
+        if not window:
+            return None
+        mean = float(torch.tensor(window, dtype=torch.float32).mean())
         row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self._lr()}
         self.history.steps.append(row)
-        bar.advance(steps, loss=mean, lr=row["lr"])
+        bar.advance(len(window), loss=mean, lr=row["lr"])
         return row
 
     def _lr(self) -> float:
@@ -404,7 +424,7 @@ class _Trainer:
         """After an interrupt: save where the run stands, say so, and stop the cell."""
         if self._interrupt is None or not self._interrupt.requested:
             return
-        self._log(bar)
+        self._read_losses()
         if manager is None:
             line = (f"ipycloud.fit: interrupted at step {self.step}; no checkpoint= was given, "
                     "so rerunning this cell starts over (the model keeps what it learned)")
@@ -435,9 +455,10 @@ class _Trainer:
         return self.step, self.data.epoch
 
     def _state(self) -> dict[str, Any]:
+        history = {**self.history.to_state(), "loss_window": list(self._window)}
         state: dict[str, Any] = {"model": OnCpu(self.raw_model) if self.xla else self.raw_model,
                                  "optimizer": OnCpu(self.optimizer) if self.xla
-                                 else self.optimizer, "history": self.history.to_state()}
+                                 else self.optimizer, "history": history}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler
         if self.scaler is not None:
@@ -456,6 +477,7 @@ class _Trainer:
 
     def _save(self, manager: Any, blocking: bool | Literal["auto"]) -> None:
         """Save now; ``"auto"`` writes in the background where that costs the loop less."""
+        self._read_losses()  # never checkpoint a NaN unseen (every rank checks)
         self._saved_at, self._last_save = self._position(), time.monotonic()
         if not self.main:
             return
@@ -475,7 +497,7 @@ class _Trainer:
         registration = auto.registered()
         if registration is None or not registration.due():
             return
-        self._log(bar)
+        self._read_losses()
         bar.say(f"ipycloud: automatic {registration.save_now().summary()}")
 
     def _report_checkpoint(self, info: Any) -> None:
@@ -487,11 +509,19 @@ class _Trainer:
     def _resume(self, manager: Any, resume: bool | str | int) -> Any:
         if resume is False:
             return None
-        if not (manager.directory.is_dir() and manager.list()):
+        saved = manager.list() if manager.directory.is_dir() else []
+        if not saved:
             if resume != "auto":
                 raise ValueError(f"nothing to resume from: no checkpoint in {manager.directory}")
             return None
-        from ipycloud.runtime.checkpoint import CheckpointInUseError
+        others = manager.live_writers()
+        if resume == "auto" and all(info.run in others for info in saved):
+            names = ", ".join(writer.describe() for writer in others.values())
+            self._notes.append(f"ipycloud.fit: starting afresh: the checkpoints in "
+                               f"{manager.directory} belong to a run that another live "
+                               f"process ({names}) writes")
+            return None
+        from ipycloud.runtime.checkpoint import CheckpointError, CheckpointMismatchError
 
         scheduled = self.scheduler is not None
         before = resuming.hyper_parameters(self.optimizer, scheduled)
@@ -499,12 +529,12 @@ class _Trainer:
         which = "latest" if resume == "auto" or resume is True else resume
         try:
             info = manager.load(state, which=which, map_location="cpu")
-        except CheckpointInUseError as error:
-            if resume != "auto":
-                raise
-            self._notes.append(f"ipycloud.fit: starting afresh: {error}")
-            return None
+        except CheckpointMismatchError as error:
+            raise CheckpointError(f"cannot resume from {manager.directory}: {error.reason}; "
+                                  "pass resume=False to start afresh, or another "
+                                  "checkpoint= folder") from None
         self.history.restore(state["history"])
+        self._window = list(state["history"].get("loss_window", []))
         self._changed = resuming.changed_settings(
             before, resuming.hyper_parameters(self.optimizer, scheduled))
         self.step = info.step
