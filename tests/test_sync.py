@@ -157,6 +157,18 @@ def test_dry_run_touches_nothing(src: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "never").exists()
 
 
+def test_names_up_to_name_max_are_synced(src: Path, tmp_path: Path) -> None:
+    """A name of 255 bytes is legal, so its temporary copy must be too."""
+    long_names = {"x" * 240: b"ascii", "é" * 127: b"two-byte characters",
+                  "sub/" + "a" + "😀" * 63: b"four-byte characters"}
+    make_tree(src, long_names)
+    dst = tmp_path / "dst"
+    report = sync(src, dst, progress=False)
+    assert set(long_names) <= set(report.copied)
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {**FILES, **long_names}
+    assert sync(src, dst, progress=False).unchanged == len(FILES) + len(long_names)
+
+
 def test_stale_temporary_files_are_cleaned(src: Path, tmp_path: Path) -> None:
     dst = tmp_path / "dst"
     (dst / "sub").mkdir(parents=True)
