@@ -179,6 +179,34 @@ def test_stale_temporary_files_are_cleaned(src: Path, tmp_path: Path) -> None:
     assert (dst / "sub/c.txt").read_bytes() == FILES["sub/c.txt"]
 
 
+def test_source_entries_named_like_temporaries_are_synced_and_never_taken_for_leftovers(
+        src: Path, tmp_path: Path) -> None:
+    """Only the destination's own leftovers are temporary: names like this process's or a
+    dead writer's temporary files, in the source, are the user's files."""
+    named = {f".tmp-{os.getpid()}-0123abcd-x": b"this process's pattern",
+             ".tmp-999999999-0123abcd-y": b"a dead writer's pattern",
+             ".tmp-999999999-0123abcd-folder/inner.txt": b"inside"}
+    make_tree(src, named)
+    dst = tmp_path / "dst"
+    report = sync(src, dst, progress=False)
+    assert set(named) <= set(report.copied)
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {**FILES, **named}
+    again = sync(src, dst, delete=True, progress=False)
+    assert (again.copied, again.updated, again.deleted) == ((), (), ())
+    assert again.unchanged == len(FILES) + len(named)
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {**FILES, **named}
+
+
+def test_a_destination_folder_named_like_a_temporary_is_kept(src: Path, tmp_path: Path) -> None:
+    """Sync makes temporary files and links, never folders: such a folder is the user's."""
+    folder = tmp_path / "dst" / ".tmp-999999999-0123abcd-mine"
+    folder.mkdir(parents=True)
+    (folder / "keep.txt").write_text("keep")
+    report = sync(src, tmp_path / "dst", progress=False)
+    assert sorted(report.copied) == sorted(FILES)
+    assert (folder / "keep.txt").read_text() == "keep"
+
+
 def test_interrupted_sync_leaves_no_partial_and_rerun_completes(
         src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dst = tmp_path / "dst"

@@ -244,8 +244,9 @@ def sync(src: PathArg, dst: PathArg, *, delete: bool = False, checksum: bool = F
     with _lock_for(target_path):
         src_entries, _ = tree.scan(source)
         dst_entries, temps = tree.scan(target)
+        leftovers = tree.take_leftovers(dst_entries, temps, src_entries)
         if not dry_run:
-            tree.remove_stale_temps(target, temps)
+            tree.remove_stale_temps(target, leftovers)
         plan = _plan(source, target, src_entries, dst_entries, delete, checksum)
         if dry_run:
             return SyncReport(
