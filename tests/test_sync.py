@@ -14,7 +14,7 @@ from waiting import wait_for
 
 from ipycloud.runtime.storage import background as background_module
 from ipycloud.runtime.storage import transfer as transfer_module
-from ipycloud.runtime.storage.background import BackgroundSync
+from ipycloud.runtime.storage.background import BackgroundSync, background_sync_of, running_syncs
 from ipycloud.runtime.storage.sync import SyncReport, sync
 
 OnBytes = Callable[[int], object]
@@ -448,3 +448,23 @@ def test_a_running_background_sync_is_a_deadline_action(src: Path, tmp_path: Pat
     finally:
         background.stop(final=False)
     assert background.action_name not in deadline.registered_actions()
+
+
+def test_starting_a_pair_again_replaces_its_background_sync(src: Path, tmp_path: Path) -> None:
+    """One background sync per (source, destination): the newest, with its own options."""
+    first = BackgroundSync(src, tmp_path / "dst", every_s=3600).start()
+    assert wait_for(lambda: first.last_report is not None)
+    (src / "gone.txt").write_text("gone")
+    sync(src, tmp_path / "dst", progress=False)
+    (src / "gone.txt").unlink()
+    second = BackgroundSync(src, tmp_path / "dst", every_s=600, delete=True).start()
+    other = BackgroundSync(src, tmp_path / "other", every_s=3600).start()
+    try:
+        assert second.replaced is first and not first.running and second.running
+        assert running_syncs() == [second, other]
+        assert background_sync_of(src, tmp_path / "dst") is second
+        assert wait_for(lambda: not (tmp_path / "dst/gone.txt").exists())  # delete=True
+    finally:
+        second.stop(final=False)
+        other.stop(final=False)
+    assert running_syncs() == [] and background_sync_of(src, tmp_path / "dst") is None

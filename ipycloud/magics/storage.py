@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +18,8 @@ from ipycloud.magics._display import Notice
 if TYPE_CHECKING:
     import argparse
 
+    from ipycloud.runtime.storage.background import BackgroundSync
+
 MOUNT_KINDS = ("auto", "drive", "kaggle", "local")
 ACTIONS = (*MOUNT_KINDS, "gdrive", "download", "sync", "status")
 # The options each use of the magic takes; any other option given is refused.
@@ -25,6 +29,7 @@ OPTIONS = {
     "gdrive": {"force", "dest", "sha256", "md5"},
     "download": {"dest", "sha256", "md5", "extract"},
     "sync": {"delete", "checksum", "dry_run", "every"},
+    "sync --stop": {"stop"},
     "status": set(),
 }
 
@@ -50,7 +55,11 @@ class StorageMagics(Magics):
     @argument("--delete", action="store_true", help="sync: delete what SRC no longer has")
     @argument("--checksum", action="store_true", help="sync: compare contents, not mtimes")
     @argument("--dry-run", action="store_true", help="sync: show what would change")
-    @argument("--every", type=duration, help="sync: repeat in the background, e.g. 10m")
+    @argument("--every", type=duration,
+              help="sync: repeat in the background, e.g. 10m (in place of the pair's own)")
+    @argument("--stop", action="store_true",
+              help="sync: stop the background sync of SRC DST (without them: every one), "
+                   "after a final sync")
     @line_magic
     def mount_storage(self, line: str = "") -> Any:
         """Mount persistent storage, download data safely, and sync folders to it.
@@ -82,10 +91,14 @@ class StorageMagics(Magics):
             %mount_storage kaggle titanic --competition
             %mount_storage gdrive https://drive.google.com/file/d/1AbC.../view --sha256 9f86d0...
 
-        Copy results to persistent storage now, or every 10 minutes in the background::
+        Copy results to persistent storage now, or every 10 minutes in the background (one
+        background sync per pair of folders: starting it again changes its options), and
+        stop it, or every one, after a final sync::
 
             %mount_storage sync outputs /content/drive/MyDrive/ipycloud/default/outputs
             %mount_storage sync outputs /content/drive/MyDrive/runs --every 10m
+            %mount_storage sync outputs /content/drive/MyDrive/runs --stop
+            %mount_storage sync --stop
 
         See what is mounted, the free space, and the background syncs::
 
@@ -100,10 +113,12 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.mount import MountError
 
         use = ("kaggle download" if args.action == "kaggle" and args.operands else
+               "sync --stop" if args.action == "sync" and args.stop else
                "mount" if args.action in MOUNT_KINDS else args.action)
         refuse_options(self.mount_storage, args, OPTIONS[use], use)
         actions = {"mount": self._mount, "kaggle download": self._kaggle, "gdrive": self._gdrive,
-                   "download": self._download, "sync": self._sync, "status": self._status}
+                   "download": self._download, "sync": self._sync,
+                   "sync --stop": self._stop_syncs, "status": self._status}
         try:
             return actions[use](args)
         except ParameterError as error:
@@ -156,15 +171,50 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.sync import sync
         from ipycloud.runtime.units import format_seconds
 
-        source, target = _expect(args.operands, 2, "%mount_storage sync SRC DST")
+        source, target = _expect(args.operands, 2,
+                                 "%mount_storage sync SRC DST [--every 10m | --stop]")
         options = {"delete": args.delete, "checksum": args.checksum}
-        if args.every:
-            if args.dry_run:
-                raise ValueError("--dry-run and --every do not go together")
-            BackgroundSync(source, target, args.every, **options).start()
-            return Notice(f"syncing {source} to {target} every {format_seconds(args.every)} "
-                          "in the background, and once more when the kernel exits")
-        return sync(source, target, dry_run=args.dry_run, **options)
+        if not args.every:
+            return sync(source, target, dry_run=args.dry_run, **options)
+        if args.dry_run:
+            raise ValueError("--dry-run and --every do not go together")
+        background = BackgroundSync(source, target, args.every, **options).start()
+        instead = ("" if background.replaced is None else
+                   f" (in place of the one every {format_seconds(background.replaced.every_s)})")
+        return Notice(f"syncing {_pair(background)} every {format_seconds(args.every)} in the "
+                      f"background{instead}, and once more when the kernel exits")
+
+    def _stop_syncs(self, args: argparse.Namespace) -> Notice:
+        from ipycloud.runtime.messages import describe_error
+        from ipycloud.runtime.storage.background import background_sync_of, running_syncs
+
+        operands = _expect(args.operands, (0, 2), "%mount_storage sync [SRC DST] --stop")
+        chosen = running_syncs()
+        if operands:
+            found = background_sync_of(*operands)
+            if found is None:
+                source, target = (str(Path(folder).resolve()) for folder in operands)
+                raise ValueError(f"no background sync of {source!r} -> {target!r} is running "
+                                 "(see %mount_storage status)")
+            chosen = [found]
+        if not chosen:
+            return Notice("no background sync is running")
+        stopped, failed = [], []
+        for background in chosen:
+            with contextlib.suppress(Exception):  # an earlier run's error: the final run tells
+                background.stop(final=False)
+            try:
+                report = background.sync_now()
+            except Exception as error:
+                failed.append(f"the final sync of {_pair(background)} failed: "
+                              f"{describe_error(error)}; run {_sync_line(background)}")
+            else:
+                stopped.append(f"stopped the background sync {_pair(background)} after a "
+                               f"final sync: {report.summary()}")
+        if failed:
+            raise UsageError(f"%mount_storage sync: stopped {len(chosen)} background sync(s), "
+                             f"but {'; '.join(failed)}")
+        return Notice("\n".join(stopped))
 
     def _status(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.storage.background import running_syncs
@@ -182,12 +232,25 @@ class StorageMagics(Magics):
         return Notice("\n".join(lines))
 
 
-def _expect(operands: list[str], count: int, usage: str) -> list[str]:
-    if len(operands) != count:
+def _expect(operands: list[str], count: int | tuple[int, ...], usage: str) -> list[str]:
+    counts = count if isinstance(count, tuple) else (count,)
+    if len(operands) not in counts:
         got = " ".join(operands) or "nothing"
-        raise UsageError(f"%mount_storage: expected {count} argument(s), got {got}; usage: "
+        expected = " or ".join(str(number) for number in counts)
+        raise UsageError(f"%mount_storage: expected {expected} argument(s), got {got}; usage: "
                          f"{usage}")
     return operands
+
+
+def _pair(background: BackgroundSync) -> str:
+    """``'/content/outputs' -> '/content/drive/MyDrive/outputs'``."""
+    return f"{str(background.src)!r} -> {str(background.dst)!r}"
+
+
+def _sync_line(background: BackgroundSync) -> str:
+    """The line that syncs ``background``'s folders once, quoted for the magic."""
+    folders = (shlex.quote(str(folder)) for folder in (background.src, background.dst))
+    return "%mount_storage sync " + " ".join(folders)
 
 
 def _stem(name: str) -> str:

@@ -6,6 +6,7 @@ import atexit
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.messages import describe_error
@@ -13,7 +14,7 @@ from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.storage.sync import PathArg, SyncReport, check_pair, sync
 from ipycloud.runtime.units import format_seconds
 
-__all__ = ["BackgroundSync", "running_syncs"]
+__all__ = ["BackgroundSync", "background_sync_of", "running_syncs"]
 
 _log = logging.getLogger(__name__)
 
@@ -21,6 +22,8 @@ _log = logging.getLogger(__name__)
 class BackgroundSync:
     """Sync ``src`` to ``dst`` every ``every_s`` seconds in a daemon thread.
 
+    One runs per (source, destination) pair: starting one stops the one of its pair
+    that was running, which it keeps in ``replaced``.
     A final sync runs at ``stop()``, at interpreter exit, and as a deadline action of the
     session guard (before the session limit and on SIGTERM) while it runs: every running
     one is listed by ``running_syncs()``.
@@ -36,6 +39,7 @@ class BackgroundSync:
         self.options = {"progress": False, **sync_options}
         self.last_report: SyncReport | None = None
         self.last_error: BaseException | None = None
+        self.replaced: BackgroundSync | None = None
         self._last_run: tuple[float, BaseException | None] | None = None  # when, and its error
         self._unreported = False
         self._stop = threading.Event()
@@ -47,13 +51,19 @@ class BackgroundSync:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> BackgroundSync:
-        """Start syncing now and every ``every_s`` seconds; a no-op when already running."""
+        """Start syncing now and every ``every_s`` seconds; a no-op when already running.
+
+        The background sync of the same pair, if one runs, is stopped first, without a
+        final run (this one starts with a run), and kept in ``replaced``.
+        """
         if self.running:
             return self
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="ipycloud-sync", daemon=True)
         atexit.register(self._at_exit)
-        _running().add(self)
+        self.replaced = _running().put(self)
+        if self.replaced is not None:
+            self.replaced._halt()
         self._thread.start()
         return self
 
@@ -77,18 +87,22 @@ class BackgroundSync:
 
         Returns the last report; raises the error a background run kept, if any.
         """
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        atexit.unregister(self._at_exit)
-        _running().discard(self)
+        self._halt()
         if final:
             self.sync_now()
         if self._unreported and self.last_error is not None:
             self._unreported = False
             raise self.last_error
         return self.last_report
+
+    def _halt(self) -> None:
+        """Stop the thread (after the run in progress) and forget it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        atexit.unregister(self._at_exit)
+        _running().discard(self)
 
     def __str__(self) -> str:
         """In words: ``'/content/outputs' -> '/content/drive/MyDrive/outputs' every 5 min,
@@ -129,19 +143,29 @@ class BackgroundSync:
 
 
 class _Running:
-    """The background syncs started in this process and not stopped yet, in start order."""
+    """The background syncs started in this process and not stopped yet, one per pair of
+    folders, in start order."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._syncs: dict[int, BackgroundSync] = {}
+        self._syncs: dict[tuple[Path, Path], BackgroundSync] = {}
 
-    def add(self, background: BackgroundSync) -> None:
+    def put(self, background: BackgroundSync) -> BackgroundSync | None:
+        """List ``background`` last; the one of its pair it takes the place of, if any."""
         with self._lock:
-            self._syncs[id(background)] = background
+            replaced = self._syncs.pop((background.src, background.dst), None)
+            self._syncs[background.src, background.dst] = background
+        return replaced
 
     def discard(self, background: BackgroundSync) -> None:
+        """Forget ``background`` (not another one of its pair, started since)."""
         with self._lock:
-            self._syncs.pop(id(background), None)
+            if self._syncs.get((background.src, background.dst)) is background:
+                del self._syncs[background.src, background.dst]
+
+    def of(self, src: Path, dst: Path) -> BackgroundSync | None:
+        with self._lock:
+            return self._syncs.get((src, dst))
 
     def listed(self) -> list[BackgroundSync]:
         with self._lock:
@@ -161,3 +185,9 @@ def _running() -> _Running:
 def running_syncs() -> list[BackgroundSync]:
     """Every background sync of this process that is running, oldest first."""
     return _running().listed()
+
+
+def background_sync_of(src: PathArg, dst: PathArg) -> BackgroundSync | None:
+    """The background sync from ``src`` to ``dst`` that is running, if there is one (the
+    folders are resolved as ``BackgroundSync`` resolves them; they need not exist)."""
+    return _running().of(Path(src).resolve(), Path(dst).resolve())
