@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import shlex
@@ -21,6 +22,7 @@ from ipycloud.runtime.storage.background import (
     background_sync_of,
     running_syncs,
 )
+from ipycloud.runtime.storage.failed_syncs import failed_syncs, record_failure
 from ipycloud.runtime.storage.gdrive import GdriveResult
 from ipycloud.runtime.storage.kaggle import KaggleResult
 from ipycloud.runtime.storage.mount import MountResult
@@ -152,6 +154,28 @@ def test_a_failed_final_sync_on_stop_is_one_line_that_says_what_to_run(
         f"{str(source)!r} -> {str(target)!r} failed: FileExistsError: [Errno 17] File exists: "
         f"{str(target)!r}; run %mount_storage sync {source} {shlex.quote(str(target))}")
     assert running_syncs() == []
+
+
+def test_a_final_sync_that_failed_at_exit_is_shown_until_a_sync_of_the_pair_makes_up_for_it(
+        shell, local_home: Path, tmp_path: Path) -> None:
+    source, target = tmp_path / "my outputs", tmp_path / "it's kept"
+    source.mkdir()
+    (source / "a.txt").write_text("a")
+    failure = record_failure(source, target, OSError(errno.ENOTCONN,
+                                                     "Transport endpoint is not connected"))
+    status = str(shell.run_line_magic("mount_storage", "status")).splitlines()
+    assert status[-1] == (
+        f"failed final sync: the final sync of {str(source)!r} -> {str(target)!r} at exit "
+        f"({failure.when()}) failed: OSError: [Errno 107] Transport endpoint is not connected; "
+        f"run %mount_storage sync {shlex.quote(str(source))} {shlex.quote(str(target))}")
+    started = shell.run_line_magic(
+        "mount_storage", f"sync {shlex.quote(str(source))} {shlex.quote(str(target))} --every 1h")
+    assert str(started).splitlines()[1] == (
+        f"it makes up for the final sync at exit ({failure.when()}), which failed: "
+        "OSError: [Errno 107] Transport endpoint is not connected")
+    assert wait_for(lambda: failed_syncs() == [])
+    assert (target / "a.txt").read_text() == "a"
+    assert "failed final sync" not in str(shell.run_line_magic("mount_storage", "status"))
 
 
 def test_status_lists_a_background_sync_started_from_python(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +18,7 @@ from waiting import wait_for
 from ipycloud.runtime.storage import background as background_module
 from ipycloud.runtime.storage import transfer as transfer_module
 from ipycloud.runtime.storage.background import BackgroundSync, background_sync_of, running_syncs
+from ipycloud.runtime.storage.failed_syncs import failed_syncs
 from ipycloud.runtime.storage.sync import SyncReport, sync
 
 OnBytes = Callable[[int], object]
@@ -468,3 +472,60 @@ def test_starting_a_pair_again_replaces_its_background_sync(src: Path, tmp_path:
         second.stop(final=False)
         other.stop(final=False)
     assert running_syncs() == [] and background_sync_of(src, tmp_path / "dst") is None
+
+
+EXIT_AFTER_A_FIRST_RUN = """
+import shutil, sys, time
+from pathlib import Path
+from ipycloud.runtime.storage.background import BackgroundSync
+src, dst, breaking = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "break"
+background = BackgroundSync(src, dst, every_s=3600).start()
+while background.last_report is None:
+    time.sleep(0.01)
+if breaking:
+    shutil.rmtree(dst)
+    dst.write_text("a file where the folder was")
+else:
+    (src / "late.txt").write_text("written after the first run")
+"""
+
+
+def exit_after_a_first_run(src: Path, dst: Path,
+                           breaking: bool) -> subprocess.CompletedProcess[str]:
+    """A process that starts a background sync, waits for its first run, breaks the
+    destination (or adds a file to the source), and exits: its final sync runs at exit."""
+    return subprocess.run(
+        [sys.executable, "-c", EXIT_AFTER_A_FIRST_RUN, str(src), str(dst),
+         "break" if breaking else "keep"], capture_output=True, text=True, timeout=120)
+
+
+def test_a_final_sync_at_exit_that_fails_is_on_stderr_recorded_and_made_up_for(
+        src: Path, tmp_path: Path, state_home: Path) -> None:
+    dst = tmp_path / "it's kept"
+    exited = exit_after_a_first_run(src, dst, breaking=True)
+    assert exited.returncode == 0, exited.stderr
+    (failure,) = failed_syncs()  # read back in another process: what a new kernel sees
+    assert (failure.src, failure.dst) == (str(src), str(dst))
+    assert failure.error == f"FileExistsError: [Errno 17] File exists: {str(dst)!r}"
+    assert re.fullmatch(
+        rf"the final sync of {re.escape(repr(str(src)))} -> {re.escape(repr(str(dst)))} at exit "
+        rf"\(\d{{4}}-\d\d-\d\d \d\d:\d\d\) failed: {re.escape(failure.error)}; run "
+        rf"ipycloud\.sync\({re.escape(repr(str(src)))}, {re.escape(repr(str(dst)))}\)",
+        str(failure)), str(failure)
+    assert exited.stderr == f"ipycloud: {failure}\n"
+    assert [path.parent for path in state_home.rglob("*.json")] == [state_home / "failed-syncs"]
+    dst.unlink()
+    planned = sync(src, dst, dry_run=True, progress=False)
+    assert planned.after_failure == failure and failed_syncs() == [failure]
+    report = sync(src, dst, progress=False)
+    assert report.after_failure == failure and failed_syncs() == []
+    assert str(report) == (f"{report.summary()}\nit makes up for the final sync at exit "
+                           f"({failure.when()}), which failed: {failure.error}")
+    assert sync(src, dst, progress=False).after_failure is None
+
+
+def test_a_final_sync_at_exit_that_works_says_nothing(src: Path, tmp_path: Path) -> None:
+    exited = exit_after_a_first_run(src, tmp_path / "dst", breaking=False)
+    assert (exited.returncode, exited.stderr) == (0, "")
+    assert (tmp_path / "dst/late.txt").read_text() == "written after the first run"
+    assert failed_syncs() == []

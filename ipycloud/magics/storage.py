@@ -100,7 +100,8 @@ class StorageMagics(Magics):
             %mount_storage sync outputs /content/drive/MyDrive/runs --stop
             %mount_storage sync --stop
 
-        See what is mounted, the free space, and the background syncs::
+        See what is mounted, the free space, the background syncs, and the final syncs that
+        failed as a kernel exited (on this machine, until a sync of their folders succeeds)::
 
             %mount_storage status
         """
@@ -168,6 +169,7 @@ class StorageMagics(Magics):
 
     def _sync(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.storage.background import BackgroundSync
+        from ipycloud.runtime.storage.failed_syncs import failure_of
         from ipycloud.runtime.storage.sync import sync
         from ipycloud.runtime.units import format_seconds
 
@@ -178,11 +180,14 @@ class StorageMagics(Magics):
             return sync(source, target, dry_run=args.dry_run, **options)
         if args.dry_run:
             raise ValueError("--dry-run and --every do not go together")
-        background = BackgroundSync(source, target, args.every, **options).start()
+        background = BackgroundSync(source, target, args.every, **options)
+        earlier = failure_of(background.src, background.dst)  # before its first run forgets it
+        background.start()
         instead = ("" if background.replaced is None else
                    f" (in place of the one every {format_seconds(background.replaced.every_s)})")
-        return Notice(f"syncing {_pair(background)} every {format_seconds(args.every)} in the "
-                      f"background{instead}, and once more when the kernel exits")
+        text = (f"syncing {_pair(background)} every {format_seconds(args.every)} in the "
+                f"background{instead}, and once more when the kernel exits")
+        return Notice(text if earlier is None else f"{text}\n{earlier.made_up()}")
 
     def _stop_syncs(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.messages import describe_error
@@ -207,7 +212,8 @@ class StorageMagics(Magics):
                 report = background.sync_now()
             except Exception as error:
                 failed.append(f"the final sync of {_pair(background)} failed: "
-                              f"{describe_error(error)}; run {_sync_line(background)}")
+                              f"{describe_error(error)}; run "
+                              f"{_sync_line(background.src, background.dst)}")
             else:
                 stopped.append(f"stopped the background sync {_pair(background)} after a "
                                f"final sync: {report.summary()}")
@@ -218,6 +224,7 @@ class StorageMagics(Magics):
 
     def _status(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.storage.background import running_syncs
+        from ipycloud.runtime.storage.failed_syncs import failed_syncs
         from ipycloud.runtime.storage.mount import last_mount
         from ipycloud.runtime.units import format_bytes
 
@@ -229,6 +236,8 @@ class StorageMagics(Magics):
             free = shutil.disk_usage(mounted.project).free
             lines.append(f"free space there: {format_bytes(free)}")
         lines += [f"background sync: {sync}" for sync in running_syncs()]
+        lines += [f"failed final sync: {failure.describe(_sync_line(failure.src, failure.dst))}"
+                  for failure in failed_syncs()]
         return Notice("\n".join(lines))
 
 
@@ -247,10 +256,9 @@ def _pair(background: BackgroundSync) -> str:
     return f"{str(background.src)!r} -> {str(background.dst)!r}"
 
 
-def _sync_line(background: BackgroundSync) -> str:
-    """The line that syncs ``background``'s folders once, quoted for the magic."""
-    folders = (shlex.quote(str(folder)) for folder in (background.src, background.dst))
-    return "%mount_storage sync " + " ".join(folders)
+def _sync_line(source: str | Path, target: str | Path) -> str:
+    """The line that syncs ``source`` to ``target`` once, each quoted as the magic reads it."""
+    return f"%mount_storage sync {shlex.quote(str(source))} {shlex.quote(str(target))}"
 
 
 def _stem(name: str) -> str:

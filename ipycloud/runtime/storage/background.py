@@ -11,6 +11,7 @@ from typing import Any
 
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.per_process import per_process
+from ipycloud.runtime.storage.failed_syncs import report_at_exit
 from ipycloud.runtime.storage.sync import PathArg, SyncReport, check_pair, sync
 from ipycloud.runtime.units import format_seconds
 
@@ -28,7 +29,8 @@ class BackgroundSync:
     session guard (before the session limit and on SIGTERM) while it runs: every running
     one is listed by ``running_syncs()``.
     An error in the background is logged and kept in ``last_error``; ``stop()`` raises it.
-    The thread never prints.
+    The thread never prints. A final sync at exit that fails is written to the process's
+    stderr and recorded for the next session (``failed_syncs``).
     """
 
     def __init__(self, src: PathArg, dst: PathArg, every_s: float, **sync_options: Any) -> None:
@@ -40,7 +42,7 @@ class BackgroundSync:
         self.last_report: SyncReport | None = None
         self.last_error: BaseException | None = None
         self.replaced: BackgroundSync | None = None
-        self._last_run: tuple[float, BaseException | None] | None = None  # when, and its error
+        self._last_run: tuple[float, SyncReport | BaseException] | None = None  # when, outcome
         self._unreported = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -79,7 +81,7 @@ class BackgroundSync:
         except BaseException as error:
             self._last_run = (time.time(), error)
             raise
-        self._last_run = (time.time(), None)
+        self._last_run = (time.time(), self.last_report)
         return self.last_report
 
     def stop(self, final: bool = True) -> SyncReport | None:
@@ -117,11 +119,11 @@ class BackgroundSync:
     def _last_run_words(self) -> str:
         if self._last_run is None:
             return "no run yet"
-        when, error = self._last_run
+        when, outcome = self._last_run
         at = time.strftime("%H:%M:%S", time.localtime(when))
-        if error is not None:
-            return f"last run at {at} failed: {describe_error(error)}"
-        return f"last run at {at} ok: {self.last_report}"
+        if isinstance(outcome, BaseException):
+            return f"last run at {at} failed: {describe_error(outcome)}"
+        return f"last run at {at} ok: {outcome.summary()}"
 
     def _loop(self) -> None:
         """The thread: sync, then wait, until stopped."""
@@ -138,8 +140,13 @@ class BackgroundSync:
             _log.error("background sync %s -> %s failed: %s", self.src, self.dst, error)
 
     def _at_exit(self) -> None:
-        """Interpreter exit: stop and sync a last time."""
-        self.stop(final=True)
+        """Interpreter exit: stop and sync a last time; a failure is reported where it can
+        still be seen (an earlier run's error is moot once the final run has succeeded)."""
+        self._halt()
+        try:
+            self.sync_now()
+        except Exception as error:
+            report_at_exit(self.src, self.dst, error)
 
 
 class _Running:

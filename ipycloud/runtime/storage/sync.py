@@ -25,6 +25,7 @@ from typing import Any
 
 from ipycloud.runtime.durable import remove_path
 from ipycloud.runtime.storage import tree
+from ipycloud.runtime.storage.failed_syncs import FailedSync, failure_of, forget_failure
 from ipycloud.runtime.storage.transfer import Outcome, Placing, transfer
 from ipycloud.runtime.storage.verify import hash_file
 from ipycloud.runtime.units import format_bytes
@@ -40,7 +41,10 @@ PathArg = str | os.PathLike[str]
 
 @dataclass(frozen=True)
 class SyncReport:
-    """What one sync did (or, with ``dry_run``, would do); paths are relative, with ``/``."""
+    """What one sync did (or, with ``dry_run``, would do); paths are relative, with ``/``.
+
+    ``after_failure`` is the final sync at exit of the same folders that failed before it.
+    """
 
     copied: tuple[str, ...]
     updated: tuple[str, ...]
@@ -49,6 +53,7 @@ class SyncReport:
     bytes_copied: int
     dry_run: bool
     skipped: tuple[str, ...] = ()
+    after_failure: FailedSync | None = None
 
     def summary(self) -> str:
         """One line: ``12 copied, 3 updated, 0 deleted, 980 unchanged (45.1 MiB)``."""
@@ -60,11 +65,14 @@ class SyncReport:
         return f"dry run: {line}" if self.dry_run else line
 
     def __str__(self) -> str:
-        return self.summary()
+        """The summary line, and what it makes up for on a second one."""
+        if self.after_failure is None:
+            return self.summary()
+        return f"{self.summary()}\n{self.after_failure.made_up()}"
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython display: the summary line."""
-        printer.text(self.summary())
+        """IPython display: as ``str``."""
+        printer.text(str(self))
 
 
 @dataclass
@@ -235,10 +243,13 @@ def sync(src: PathArg, dst: PathArg, *, delete: bool = False, checksum: bool = F
 
     Files are compared by size and mtime, or by sha256 content with ``checksum``. Entries
     only in ``dst`` are kept unless ``delete``. ``dry_run`` reports and touches nothing.
+    A recorded failure of the pair's final sync at exit is named in the report, and
+    forgotten once this sync succeeds.
     ValueError when ``src`` is not a folder or one folder lies inside the other.
     """
     source_path, target_path = check_pair(src, dst)
     source, target = str(source_path), str(target_path)
+    earlier = failure_of(source_path, target_path)
     if not dry_run:
         target_path.mkdir(parents=True, exist_ok=True)
     with _lock_for(target_path):
@@ -253,12 +264,14 @@ def sync(src: PathArg, dst: PathArg, *, delete: bool = False, checksum: bool = F
                 copied=_sorted(plan.copy), updated=_sorted(plan.update),
                 deleted=_sorted(plan.replace + plan.delete), unchanged=plan.unchanged,
                 bytes_copied=_bytes(plan, src_entries), dry_run=True,
-                skipped=_sorted(plan.skipped))
+                skipped=_sorted(plan.skipped), after_failure=earlier)
         outcome = _execute(source, target, plan, src_entries, progress)
+    if earlier is not None:
+        forget_failure(source_path, target_path)
     return SyncReport(copied=_sorted(outcome.copied), updated=_sorted(outcome.updated),
                       deleted=_sorted(outcome.deleted), unchanged=plan.unchanged,
                       bytes_copied=outcome.bytes_copied, dry_run=False,
-                      skipped=_sorted(outcome.skipped))
+                      skipped=_sorted(outcome.skipped), after_failure=earlier)
 
 
 def _sorted(rels: list[str]) -> tuple[str, ...]:
