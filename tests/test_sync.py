@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from faultfs import CHANGING, FaultyMount
 from waiting import wait_for
 
 from ipycloud.runtime.storage import background as background_module
@@ -529,3 +531,74 @@ def test_a_final_sync_at_exit_that_works_says_nothing(src: Path, tmp_path: Path)
     assert (exited.returncode, exited.stderr) == (0, "")
     assert (tmp_path / "dst/late.txt").read_text() == "written after the first run"
     assert failed_syncs() == []
+
+
+def assert_whole_copies_only(src: Path, dst: Path) -> None:
+    """``dst`` holds exactly the files of ``src``, each whole: no torn copy under a final
+    name (sync never deletes one, so it would still be there) and no temporary file."""
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {
+        rel: v[2] for rel, v in files_only(src).items()}
+
+
+def survives_the_fault(src: Path, dst: Path, code: int, fix: Callable[[], object]) -> None:
+    """A background sync from ``src`` to ``dst`` fails with ``code``, runs (and fails)
+    again, then runs fine once ``fix()`` is done, naming the error it kept until stop()
+    raises it; ``dst`` then holds whole copies only."""
+    background = BackgroundSync(src, dst, every_s=0.05).start()
+    try:
+        assert wait_for(lambda: background.last_error is not None)
+        first = background.last_error
+        assert isinstance(first, OSError) and first.errno == code, first
+        assert f"failed: OSError: [Errno {code}] " in str(background)
+        assert wait_for(lambda: background.last_error is not first)  # it kept running
+        assert background.running
+        fix()
+        assert wait_for(lambda: " ok: " in str(background))
+        assert re.search(rf" ok: .*; a run at \d\d:\d\d:\d\d failed: OSError: \[Errno {code}\] ",
+                         str(background)), str(background)
+    finally:
+        with pytest.raises(OSError) as kept:
+            background.stop(final=False)
+    assert kept.value.errno == code
+    assert_whole_copies_only(src, dst)
+
+
+def test_a_full_destination_fails_runs_but_tears_no_file(
+        src: Path, small_tmpfs: Callable[[str], Path]) -> None:
+    dst = small_tmpfs("2m")
+    big = src / "big.bin"
+    big.write_bytes(os.urandom(3 * 1024 * 1024))
+
+    def make_room() -> None:
+        assert not (dst / "big.bin").exists()  # never a torn copy under its final name
+        big.unlink()
+
+    survives_the_fault(src, dst, errno.ENOSPC, make_room)
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EROFS], ids=["EIO", "EROFS"])
+def test_a_destination_that_refuses_writes_fails_runs_but_tears_no_file(
+        src: Path, faulty_mount: FaultyMount, code: int) -> None:
+    """Drive's mount answers writes with EIO midway through a file, or turns read-only."""
+    dst = faulty_mount.path / "outputs"
+    faulty_mount.fail(code, ops="write" if code == errno.EIO else CHANGING,
+                      path="outputs/*b.bin", after_bytes=4096)
+
+    def heal() -> None:
+        assert not (dst / "b.bin").exists()  # never a torn copy under its final name
+        faulty_mount.heal()
+
+    survives_the_fault(src, dst, code, heal)
+
+
+def test_a_reset_stops_every_background_sync_even_one_that_kept_an_error(
+        src: Path, tmp_path: Path) -> None:
+    from ipycloud.runtime.per_process import reset_process_state
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    failing = BackgroundSync(src, blocker / "dst", every_s=3600).start()
+    working = BackgroundSync(src, tmp_path / "dst", every_s=3600).start()
+    assert wait_for(lambda: failing.last_error is not None and working.last_report is not None)
+    reset_process_state()
+    assert running_syncs() == [] and not failing.running and not working.running

@@ -28,7 +28,8 @@ class BackgroundSync:
     A final sync runs at ``stop()``, at interpreter exit, and as a deadline action of the
     session guard (before the session limit and on SIGTERM) while it runs: every running
     one is listed by ``running_syncs()``.
-    An error in the background is logged and kept in ``last_error``; ``stop()`` raises it.
+    An error in the background is logged and kept in ``last_error``; it is named in the
+    words of ``str()`` (after a later run that worked too) until ``stop()`` raises it.
     The thread never prints. A final sync at exit that fails is written to the process's
     stderr and recorded for the next session (``failed_syncs``).
     """
@@ -43,7 +44,7 @@ class BackgroundSync:
         self.last_error: BaseException | None = None
         self.replaced: BackgroundSync | None = None
         self._last_run: tuple[float, SyncReport | BaseException] | None = None  # when, outcome
-        self._unreported = False
+        self._kept_at: float | None = None  # when last_error happened, until stop() raises it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -92,8 +93,8 @@ class BackgroundSync:
         self._halt()
         if final:
             self.sync_now()
-        if self._unreported and self.last_error is not None:
-            self._unreported = False
+        if self._kept_at is not None and self.last_error is not None:
+            self._kept_at = None
             raise self.last_error
         return self.last_report
 
@@ -120,10 +121,12 @@ class BackgroundSync:
         if self._last_run is None:
             return "no run yet"
         when, outcome = self._last_run
-        at = time.strftime("%H:%M:%S", time.localtime(when))
         if isinstance(outcome, BaseException):
-            return f"last run at {at} failed: {describe_error(outcome)}"
-        return f"last run at {at} ok: {outcome.summary()}"
+            return f"last run at {_clock(when)} failed: {describe_error(outcome)}"
+        words = f"last run at {_clock(when)} ok: {outcome.summary()}"
+        if self._kept_at is not None and self.last_error is not None:
+            words += f"; a run at {_clock(self._kept_at)} failed: {describe_error(self.last_error)}"
+        return words
 
     def _loop(self) -> None:
         """The thread: sync, then wait, until stopped."""
@@ -135,8 +138,8 @@ class BackgroundSync:
         """One background sync, its error kept rather than lost."""
         try:
             self.sync_now()
-        except Exception as error:  # kept for stop() and shown in the log
-            self.last_error, self._unreported = error, True
+        except Exception as error:  # kept for str() and stop(), and shown in the log
+            self.last_error, self._kept_at = error, time.time()
             _log.error("background sync %s -> %s failed: %s", self.src, self.dst, error)
 
     def _at_exit(self) -> None:
@@ -147,6 +150,10 @@ class BackgroundSync:
             self.sync_now()
         except Exception as error:
             report_at_exit(self.src, self.dst, error)
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(when))
 
 
 class _Running:
@@ -179,9 +186,10 @@ class _Running:
             return list(self._syncs.values())
 
     def stop_all(self) -> None:
-        """Stop every one without a final run (a reset, not an exit)."""
+        """Stop every one without a final run and without raising what it kept (a reset,
+        not an exit)."""
         for background in self.listed():
-            background.stop(final=False)
+            background._halt()
 
 
 @per_process(close=_Running.stop_all)
