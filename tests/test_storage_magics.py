@@ -213,7 +213,7 @@ def test_extract_refuses_a_download_that_is_no_archive(
     ("sync {tmp}/src {tmp}/dst --every soon", "'soon' is not a duration"),
     ("sync {tmp}/src {tmp}/dst --every 1m --dry-run", "--dry-run and --every do not go"),
     ("sync", "expected 2 argument(s), got nothing; usage: %mount_storage sync SRC DST"),
-    ("sync {tmp}/src --stop", "expected 0 or 2 argument(s), got"),
+    ("sync '{tmp}/my src' --stop", "expected 0 or 2 argument(s), got '/"),  # quoted back
     ("sync --stop --every 1m", "--every does not apply to sync --stop"),
     ("sync {tmp}/src {tmp}/dst --stop --dry-run", "--dry-run does not apply to sync --stop"),
     ("status --stop", "--stop does not apply to status"),

@@ -244,7 +244,7 @@ class StorageMagics(Magics):
 def _expect(operands: list[str], count: int | tuple[int, ...], usage: str) -> list[str]:
     counts = count if isinstance(count, tuple) else (count,)
     if len(operands) not in counts:
-        got = " ".join(operands) or "nothing"
+        got = shlex.join(operands) or "nothing"
         expected = " or ".join(str(number) for number in counts)
         raise UsageError(f"%mount_storage: expected {expected} argument(s), got {got}; usage: "
                          f"{usage}")
