@@ -104,9 +104,9 @@ def test_one_background_sync_per_pair_replaced_then_stopped(
     assert str(first) == (f"syncing {str(source)!r} -> {str(target)!r} every 10 min in the "
                           "background, and once more when the kernel exits")
     again = shell.run_line_magic("mount_storage", f"sync {pair} --every 5m --delete")
-    assert str(again) == (f"syncing {str(source)!r} -> {str(target)!r} every 5 min in the "
-                          "background (in place of the one every 10 min), and once more when "
-                          "the kernel exits")
+    assert str(again) == (f"syncing {str(source)!r} -> {str(target)!r} every 5 min with "
+                          "--delete in the background (in place of the one every 10 min), and "
+                          "once more when the kernel exits")
     shell.run_line_magic("mount_storage", f"sync {shlex.quote(str(source))} {other} --every 1h")
     lines = background_lines(shell)
     assert len(lines) == 2

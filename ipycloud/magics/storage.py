@@ -171,7 +171,6 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.background import BackgroundSync
         from ipycloud.runtime.storage.failed_syncs import failure_of
         from ipycloud.runtime.storage.sync import sync
-        from ipycloud.runtime.units import format_seconds
 
         source, target = _expect(args.operands, 2,
                                  "%mount_storage sync SRC DST [--every 10m | --stop]")
@@ -184,9 +183,9 @@ class StorageMagics(Magics):
         earlier = failure_of(background.src, background.dst)  # before its first run forgets it
         background.start()
         instead = ("" if background.replaced is None else
-                   f" (in place of the one every {format_seconds(background.replaced.every_s)})")
-        text = (f"syncing {_pair(background)} every {format_seconds(args.every)} in the "
-                f"background{instead}, and once more when the kernel exits")
+                   f" (in place of the one {_pace(background.replaced)})")
+        text = (f"syncing {_pair(background)} {_pace(background)} in the background{instead}, "
+                "and once more when the kernel exits")
         return Notice(text if earlier is None else f"{text}\n{earlier.made_up()}")
 
     def _stop_syncs(self, args: argparse.Namespace) -> Notice:
@@ -254,6 +253,15 @@ def _expect(operands: list[str], count: int | tuple[int, ...], usage: str) -> li
 def _pair(background: BackgroundSync) -> str:
     """``'/content/outputs' -> '/content/drive/MyDrive/outputs'``."""
     return f"{str(background.src)!r} -> {str(background.dst)!r}"
+
+
+def _pace(background: BackgroundSync) -> str:
+    """``every 10 min``, then the options that change what a run does: ``with --delete``."""
+    from ipycloud.runtime.units import format_seconds
+
+    flags = [f"--{name}" for name in ("delete", "checksum") if background.options.get(name)]
+    pace = f"every {format_seconds(background.every_s)}"
+    return f"{pace} with {' '.join(flags)}" if flags else pace
 
 
 def _sync_line(source: str | Path, target: str | Path) -> str:
