@@ -104,9 +104,9 @@ def test_a_final_sync_that_fails_at_kernel_exit_reaches_the_server_log_and_the_n
     logged = [line for line in log.read_text().splitlines() if line.startswith("ipycloud:")]
     failure = (f"the final sync of {str(source)!r} -> {str(target)!r} at exit (")
     assert len(logged) == 1 and logged[0].startswith(f"ipycloud: {failure}"), logged
-    assert logged[0].endswith(f"failed: FileExistsError: [Errno 17] File exists: "
-                              f"{str(target)!r}; run ipycloud.sync({str(source)!r}, "
-                              f"{str(target)!r})")
+    assert logged[0].endswith(f"failed: NotADirectoryError: [Errno 20] sync destination "
+                              f"{str(target)!r} is not a folder; run ipycloud.sync("
+                              f"{str(source)!r}, {str(target)!r})")
     with kernel(tmp_path) as (_, client):
         run(client, "%load_ext ipycloud")
         status = run(client, "%mount_storage status")

@@ -151,8 +151,9 @@ def test_a_failed_final_sync_on_stop_is_one_line_that_says_what_to_run(
         shell.run_line_magic("mount_storage", "sync --stop")
     assert str(caught.value) == (
         f"%mount_storage sync: stopped 1 background sync(s), but the final sync of "
-        f"{str(source)!r} -> {str(target)!r} failed: FileExistsError: [Errno 17] File exists: "
-        f"{str(target)!r}; run %mount_storage sync {source} {shlex.quote(str(target))}")
+        f"{str(source)!r} -> {str(target)!r} failed: NotADirectoryError: [Errno 20] sync "
+        f"destination {str(target)!r} is not a folder; run %mount_storage sync {source} "
+        f"{shlex.quote(str(target))}")
     assert running_syncs() == []
 
 

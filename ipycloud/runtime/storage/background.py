@@ -30,6 +30,8 @@ class BackgroundSync:
     one is listed by ``running_syncs()``.
     An error in the background is logged and kept in ``last_error``; it is named in the
     words of ``str()`` (after a later run that worked too) until ``stop()`` raises it.
+    Its first run that works makes the destination; after it, a missing destination is
+    an error (an unmounted Drive leaves a bare local folder that must not take the files).
     The thread never prints. A final sync at exit that fails is written to the process's
     stderr and recorded for the next session (``failed_syncs``).
     """
@@ -77,8 +79,9 @@ class BackgroundSync:
 
     def sync_now(self) -> SyncReport:
         """Sync once now, in the calling thread; errors are raised, not kept."""
-        try:
-            self.last_report = sync(self.src, self.dst, **self.options)
+        try:  # after a run that worked, a missing destination is not made again
+            self.last_report = sync(self.src, self.dst, **self.options,
+                                    create_dst=self.last_report is None)
         except BaseException as error:
             self._last_run = (time.time(), error)
             raise

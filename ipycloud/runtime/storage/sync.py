@@ -16,6 +16,7 @@ refuses links (Google Drive, FAT), they are reported as skipped, like sockets an
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -191,8 +192,9 @@ def _execute(source: str, target: str, plan: _Plan, src_entries: tree.Listing,
     for rel in plan.replace:
         remove_path(tree.join(target, rel))
         outcome.deleted.append(rel)
-    for rel in plan.mkdirs:
-        os.makedirs(tree.join(target, rel), exist_ok=True)
+    for rel in plan.mkdirs:  # parents first; never the destination itself, should it go
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(tree.join(target, rel))
     placing = Placing.for_target(target)
     try:
         with tqdm(total=_bytes(plan, src_entries), unit="B", unit_scale=True,
@@ -238,11 +240,14 @@ def _delete_extras(target: str, rels: list[str], outcome: Outcome) -> None:
 
 
 def sync(src: PathArg, dst: PathArg, *, delete: bool = False, checksum: bool = False,
-         dry_run: bool = False, progress: bool = True) -> SyncReport:
+         dry_run: bool = False, progress: bool = True, create_dst: bool = True) -> SyncReport:
     """Make ``dst`` hold what ``src`` holds, copying only new or changed files.
 
     Files are compared by size and mtime, or by sha256 content with ``checksum``. Entries
     only in ``dst`` are kept unless ``delete``. ``dry_run`` reports and touches nothing.
+    ``dst`` and its parents are made where missing, unless ``create_dst`` is False: then a
+    missing ``dst`` is an error (FileNotFoundError), as when its storage was unmounted and
+    the folder below the mount point would take the files.
     A recorded failure of the pair's final sync at exit is named in the report, and
     forgotten once this sync succeeds.
     ValueError when ``src`` is not a folder or one folder lies inside the other.
@@ -250,8 +255,10 @@ def sync(src: PathArg, dst: PathArg, *, delete: bool = False, checksum: bool = F
     source_path, target_path = check_pair(src, dst)
     source, target = str(source_path), str(target_path)
     earlier = failure_of(source_path, target_path)
-    if not dry_run:
+    if not dry_run and create_dst:
         target_path.mkdir(parents=True, exist_ok=True)
+    elif not dry_run:
+        _check_folder(target)
     with _lock_for(target_path):
         src_entries, _ = tree.scan(source)
         dst_entries, temps = tree.scan(target)
@@ -272,6 +279,17 @@ def sync(src: PathArg, dst: PathArg, *, delete: bool = False, checksum: bool = F
                       deleted=_sorted(outcome.deleted), unchanged=plan.unchanged,
                       bytes_copied=outcome.bytes_copied, dry_run=False,
                       skipped=_sorted(outcome.skipped), after_failure=earlier)
+
+
+def _check_folder(target: str) -> None:
+    """FileNotFoundError or NotADirectoryError, in words, unless ``target`` is a folder."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"sync destination {target!r} is missing: is "
+                                "its storage still mounted?") from None
+    if not stat.S_ISDIR(mode):
+        raise NotADirectoryError(errno.ENOTDIR, f"sync destination {target!r} is not a folder")
 
 
 def _sorted(rels: list[str]) -> tuple[str, ...]:
