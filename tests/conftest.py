@@ -30,6 +30,14 @@ def fresh_process_state() -> Iterator[None]:
     reset_process_state()
 
 
+@pytest.fixture(autouse=True)
+def state_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """ipycloud's state folder (records kept between sessions) under tmp_path, for this
+    test and the processes it starts, never the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state" / "ipycloud"
+
+
 @pytest.fixture
 def shell() -> Iterator[InteractiveShell]:
     """A fresh real IPython shell with ipycloud loaded and history kept in memory.

@@ -31,10 +31,11 @@ def outputs(cell: nbformat.NotebookNode) -> dict[str, object]:
 
 
 @contextmanager
-def kernel(cwd: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
-    """A real ipykernel in its own process, shut down (if still alive) afterwards."""
+def kernel(cwd: Path, **launch: Any) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
+    """A real ipykernel in its own process, shut down (if still alive) afterwards;
+    ``launch`` goes to its Popen (``stderr=file``: what a Jupyter server logs of it)."""
     manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=str(cwd))
+    manager.start_kernel(cwd=str(cwd), **launch)
     client = manager.client()
     client.start_channels()
     try:

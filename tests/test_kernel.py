@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 from pathlib import Path
 
 import nbformat
 import pytest
-from kernels import execute, outputs
+from kernels import execute, kernel, outputs, run
 
 
 def notebook_of(*sources: str) -> nbformat.NotebookNode:
@@ -82,3 +84,31 @@ def test_usage_recording_turned_off_in_the_kernel_config(tmp_path: Path,
     assert outputs(cells[1])["stdout"].strip() == "[]"
     (error,) = cells[2].outputs
     assert error.text.startswith("UsageError: %dashboard report: no samples recorded yet")
+
+
+def test_a_final_sync_that_fails_at_kernel_exit_reaches_the_server_log_and_the_next_kernel(
+        tmp_path: Path) -> None:
+    source, target = tmp_path / "my outputs", tmp_path / "it's kept"
+    source.mkdir()
+    (source / "a.txt").write_text("a")
+    pair = f"{shlex.quote(str(source))} {shlex.quote(str(target))}"
+    log = tmp_path / "kernel stderr.log"
+    with log.open("w") as stderr, kernel(tmp_path, stderr=stderr) as (manager, client):
+        run(client, "%load_ext ipycloud")
+        run(client, f"%mount_storage sync {pair} --every 1h")
+        run(client, "import time\nfrom ipycloud.runtime.storage.background import running_syncs\n"
+                    "while running_syncs()[0].last_report is None:\n    time.sleep(0.01)")
+        shutil.rmtree(target)
+        target.write_text("a file where the folder was")
+        manager.shutdown_kernel(now=False)  # as a Jupyter server shuts a kernel down
+    logged = [line for line in log.read_text().splitlines() if line.startswith("ipycloud:")]
+    failure = (f"the final sync of {str(source)!r} -> {str(target)!r} at exit (")
+    assert len(logged) == 1 and logged[0].startswith(f"ipycloud: {failure}"), logged
+    assert logged[0].endswith(f"failed: NotADirectoryError: [Errno 20] sync destination "
+                              f"{str(target)!r} is not a folder; run ipycloud.sync("
+                              f"{str(source)!r}, {str(target)!r})")
+    with kernel(tmp_path) as (_, client):
+        run(client, "%load_ext ipycloud")
+        status = run(client, "%mount_storage status")
+    assert f"failed final sync: {failure}" in status
+    assert status.rstrip().endswith(f"; run %mount_storage sync {pair}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import shlex
 import tarfile
 import time
 from pathlib import Path
@@ -13,8 +15,14 @@ from gdrive_server import FakeDrive
 from http_server import LoopbackServer
 from IPython.core.error import UsageError
 from kaggle_server import KaggleServer, make_zip
+from waiting import wait_for
 
-from ipycloud.runtime.storage.background import BackgroundSync, running_syncs
+from ipycloud.runtime.storage.background import (
+    BackgroundSync,
+    background_sync_of,
+    running_syncs,
+)
+from ipycloud.runtime.storage.failed_syncs import failed_syncs, record_failure
 from ipycloud.runtime.storage.gdrive import GdriveResult
 from ipycloud.runtime.storage.kaggle import KaggleResult
 from ipycloud.runtime.storage.mount import MountResult
@@ -81,6 +89,96 @@ def test_sync_now_and_in_the_background(shell, local_home: Path, tmp_path: Path)
     assert "background sync:" not in str(shell.run_line_magic("mount_storage", "status"))
 
 
+def background_lines(shell) -> list[str]:
+    status = str(shell.run_line_magic("mount_storage", "status"))
+    return [line for line in status.splitlines() if line.startswith("background sync:")]
+
+
+def test_one_background_sync_per_pair_replaced_then_stopped(
+        shell, local_home: Path, tmp_path: Path) -> None:
+    source, target, other = tmp_path / "my 'outputs'", tmp_path / 'kept "here"', tmp_path / "b"
+    source.mkdir()
+    (source / "a.txt").write_text("a")
+    pair = f"{shlex.quote(str(source))} {shlex.quote(str(target))}"
+    first = shell.run_line_magic("mount_storage", f"sync {pair} --every 10m")
+    assert str(first) == (f"syncing {str(source)!r} -> {str(target)!r} every 10 min in the "
+                          "background, and once more when the kernel exits")
+    again = shell.run_line_magic("mount_storage", f"sync {pair} --every 5m --delete")
+    assert str(again) == (f"syncing {str(source)!r} -> {str(target)!r} every 5 min with "
+                          "--delete in the background (in place of the one every 10 min), and "
+                          "once more when the kernel exits")
+    shell.run_line_magic("mount_storage", f"sync {shlex.quote(str(source))} {other} --every 1h")
+    lines = background_lines(shell)
+    assert len(lines) == 2
+    assert lines[0].startswith(f"background sync: {str(source)!r} -> {str(target)!r} every 5 min")
+    assert lines[1].startswith(f"background sync: {str(source)!r} -> {str(other)!r} every 1 h")
+    running = background_sync_of(source, target)
+    assert running is not None and wait_for(lambda: running.last_report is not None)
+    (source / "late.txt").write_text("late")  # after the first run: left to the final one
+    stopped = shell.run_line_magic("mount_storage", f"sync {pair} --stop")
+    assert str(stopped).startswith(f"stopped the background sync {str(source)!r} -> "
+                                   f"{str(target)!r} after a final sync: ")
+    assert (target / "late.txt").read_text() == "late"
+    assert [line.split(" every")[0] for line in background_lines(shell)] == [
+        f"background sync: {str(source)!r} -> {str(other)!r}"]
+    every = shell.run_line_magic("mount_storage", "sync --stop")
+    assert str(every).startswith(f"stopped the background sync {str(source)!r} -> "
+                                 f"{str(other)!r} after a final sync: ")
+    assert background_lines(shell) == [] and running_syncs() == []
+    assert str(shell.run_line_magic("mount_storage", "sync --stop")) == (
+        "no background sync is running")
+
+
+def test_stopping_a_pair_that_is_not_running_names_it(
+        shell, local_home: Path, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("mount_storage", f"sync {tmp_path / 'src'} {tmp_path / 'dst'} --stop")
+    assert str(caught.value) == (
+        f"%mount_storage sync: no background sync of {str(tmp_path / 'src')!r} -> "
+        f"{str(tmp_path / 'dst')!r} is running (see %mount_storage status)")
+
+
+def test_a_failed_final_sync_on_stop_is_one_line_that_says_what_to_run(
+        shell, local_home: Path, tmp_path: Path) -> None:
+    source, target = tmp_path / "src", tmp_path / "it's kept"
+    source.mkdir()
+    background = BackgroundSync(source, target, every_s=3600).start()
+    assert wait_for(lambda: background.last_report is not None)
+    target.rmdir()
+    target.write_text("a file where the folder was")
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("mount_storage", "sync --stop")
+    assert str(caught.value) == (
+        f"%mount_storage sync: stopped 1 background sync(s), but the final sync of "
+        f"{str(source)!r} -> {str(target)!r} failed: NotADirectoryError: [Errno 20] sync "
+        f"destination {str(target)!r} is not a folder; run %mount_storage sync {source} "
+        f"{shlex.quote(str(target))}")
+    assert running_syncs() == []
+
+
+def test_a_final_sync_that_failed_at_exit_is_shown_until_a_sync_of_the_pair_makes_up_for_it(
+        shell, local_home: Path, tmp_path: Path) -> None:
+    source, target = tmp_path / "my outputs", tmp_path / "it's kept"
+    source.mkdir()
+    (source / "a.txt").write_text("a")
+    failure = record_failure(source, target, OSError(errno.ENOTCONN,
+                                                     "Transport endpoint is not connected"))
+    status = str(shell.run_line_magic("mount_storage", "status")).splitlines()
+    assert status[-1] == (
+        f"failed final sync: the final sync of {str(source)!r} -> {str(target)!r} at exit "
+        f"({failure.when()}) failed: OSError: [Errno 107] Transport endpoint is not connected; "
+        f"run %mount_storage sync {shlex.quote(str(source))} {shlex.quote(str(target))}")
+    started = shell.run_line_magic(
+        "mount_storage", f"sync {shlex.quote(str(source))} {shlex.quote(str(target))} --every 1h")
+    assert str(started).splitlines()[1] == (
+        f"it makes up for the final sync at exit ({failure.when()}), which failed: "
+        "OSError: [Errno 107] Transport endpoint is not connected")
+    assert wait_for(lambda: failed_syncs() == [])
+    assert (target / "a.txt").read_text() == "a"
+    assert "failed final sync" not in str(shell.run_line_magic("mount_storage", "status"))
+
+
 def test_status_lists_a_background_sync_started_from_python(
         shell, local_home: Path, tmp_path: Path) -> None:
     source = tmp_path / "outputs"
@@ -115,6 +213,11 @@ def test_extract_refuses_a_download_that_is_no_archive(
     ("sync {tmp}/src {tmp}/src/inner", "sync:"),
     ("sync {tmp}/src {tmp}/dst --every soon", "'soon' is not a duration"),
     ("sync {tmp}/src {tmp}/dst --every 1m --dry-run", "--dry-run and --every do not go"),
+    ("sync", "expected 2 argument(s), got nothing; usage: %mount_storage sync SRC DST"),
+    ("sync '{tmp}/my src' --stop", "expected 0 or 2 argument(s), got '/"),  # quoted back
+    ("sync --stop --every 1m", "--every does not apply to sync --stop"),
+    ("sync {tmp}/src {tmp}/dst --stop --dry-run", "--dry-run does not apply to sync --stop"),
+    ("status --stop", "--stop does not apply to status"),
     ("status extra", "expected 0 argument(s), got extra"),
     ("kaggle a/b c/d", "expected 1 argument(s), got a/b c/d"),
     ("kaggle not/a/valid/handle", "kaggle:"),
@@ -139,6 +242,8 @@ def test_bad_lines_give_one_line_usage_errors(shell, local_home: Path, tmp_path:
 def test_help_page_has_examples(shell) -> None:
     doc = shell.find_line_magic("mount_storage").__doc__
     assert "Examples" in doc and "%mount_storage sync outputs" in doc and "--sha256" in doc
+    assert "%mount_storage sync outputs /content/drive/MyDrive/runs --stop" in doc
+    assert "%mount_storage sync --stop" in doc and "--stop" in doc
 
 
 def test_kaggle_dataset_into_the_project_then_skipped(

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from faultfs import CHANGING, FaultyMount
 from waiting import wait_for
 
 from ipycloud.runtime.storage import background as background_module
 from ipycloud.runtime.storage import transfer as transfer_module
-from ipycloud.runtime.storage.background import BackgroundSync
+from ipycloud.runtime.storage import tree as tree_module
+from ipycloud.runtime.storage.background import BackgroundSync, background_sync_of, running_syncs
+from ipycloud.runtime.storage.failed_syncs import failed_syncs
 from ipycloud.runtime.storage.sync import SyncReport, sync
 
 OnBytes = Callable[[int], object]
@@ -157,6 +164,18 @@ def test_dry_run_touches_nothing(src: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "never").exists()
 
 
+def test_names_up_to_name_max_are_synced(src: Path, tmp_path: Path) -> None:
+    """A name of 255 bytes is legal, so its temporary copy must be too."""
+    long_names = {"x" * 240: b"ascii", "é" * 127: b"two-byte characters",
+                  "sub/" + "a" + "😀" * 63: b"four-byte characters"}
+    make_tree(src, long_names)
+    dst = tmp_path / "dst"
+    report = sync(src, dst, progress=False)
+    assert set(long_names) <= set(report.copied)
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {**FILES, **long_names}
+    assert sync(src, dst, progress=False).unchanged == len(FILES) + len(long_names)
+
+
 def test_stale_temporary_files_are_cleaned(src: Path, tmp_path: Path) -> None:
     dst = tmp_path / "dst"
     (dst / "sub").mkdir(parents=True)
@@ -165,6 +184,34 @@ def test_stale_temporary_files_are_cleaned(src: Path, tmp_path: Path) -> None:
     sync(src, dst, progress=False)
     assert not stale.exists()
     assert (dst / "sub/c.txt").read_bytes() == FILES["sub/c.txt"]
+
+
+def test_source_entries_named_like_temporaries_are_synced_and_never_taken_for_leftovers(
+        src: Path, tmp_path: Path) -> None:
+    """Only the destination's own leftovers are temporary: names like this process's or a
+    dead writer's temporary files, in the source, are the user's files."""
+    named = {f".tmp-{os.getpid()}-0123abcd-x": b"this process's pattern",
+             ".tmp-999999999-0123abcd-y": b"a dead writer's pattern",
+             ".tmp-999999999-0123abcd-folder/inner.txt": b"inside"}
+    make_tree(src, named)
+    dst = tmp_path / "dst"
+    report = sync(src, dst, progress=False)
+    assert set(named) <= set(report.copied)
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {**FILES, **named}
+    again = sync(src, dst, delete=True, progress=False)
+    assert (again.copied, again.updated, again.deleted) == ((), (), ())
+    assert again.unchanged == len(FILES) + len(named)
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {**FILES, **named}
+
+
+def test_a_destination_folder_named_like_a_temporary_is_kept(src: Path, tmp_path: Path) -> None:
+    """Sync makes temporary files and links, never folders: such a folder is the user's."""
+    folder = tmp_path / "dst" / ".tmp-999999999-0123abcd-mine"
+    folder.mkdir(parents=True)
+    (folder / "keep.txt").write_text("keep")
+    report = sync(src, tmp_path / "dst", progress=False)
+    assert sorted(report.copied) == sorted(FILES)
+    assert (folder / "keep.txt").read_text() == "keep"
 
 
 def test_interrupted_sync_leaves_no_partial_and_rerun_completes(
@@ -408,3 +455,217 @@ def test_a_running_background_sync_is_a_deadline_action(src: Path, tmp_path: Pat
     finally:
         background.stop(final=False)
     assert background.action_name not in deadline.registered_actions()
+
+
+def test_starting_a_pair_again_replaces_its_background_sync(src: Path, tmp_path: Path) -> None:
+    """One background sync per (source, destination): the newest, with its own options."""
+    first = BackgroundSync(src, tmp_path / "dst", every_s=3600).start()
+    assert wait_for(lambda: first.last_report is not None)
+    (src / "gone.txt").write_text("gone")
+    sync(src, tmp_path / "dst", progress=False)
+    (src / "gone.txt").unlink()
+    second = BackgroundSync(src, tmp_path / "dst", every_s=600, delete=True).start()
+    other = BackgroundSync(src, tmp_path / "other", every_s=3600).start()
+    try:
+        assert second.replaced is first and not first.running and second.running
+        assert running_syncs() == [second, other]
+        assert background_sync_of(src, tmp_path / "dst") is second
+        assert wait_for(lambda: not (tmp_path / "dst/gone.txt").exists())  # delete=True
+    finally:
+        second.stop(final=False)
+        other.stop(final=False)
+    assert running_syncs() == [] and background_sync_of(src, tmp_path / "dst") is None
+
+
+EXIT_AFTER_A_FIRST_RUN = """
+import shutil, sys, time
+from pathlib import Path
+from ipycloud.runtime.storage.background import BackgroundSync
+src, dst, breaking = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "break"
+background = BackgroundSync(src, dst, every_s=3600).start()
+while background.last_report is None:
+    time.sleep(0.01)
+if breaking:
+    shutil.rmtree(dst)
+    dst.write_text("a file where the folder was")
+else:
+    (src / "late.txt").write_text("written after the first run")
+"""
+
+
+def exit_after_a_first_run(src: Path, dst: Path,
+                           breaking: bool) -> subprocess.CompletedProcess[str]:
+    """A process that starts a background sync, waits for its first run, breaks the
+    destination (or adds a file to the source), and exits: its final sync runs at exit."""
+    return subprocess.run(
+        [sys.executable, "-c", EXIT_AFTER_A_FIRST_RUN, str(src), str(dst),
+         "break" if breaking else "keep"], capture_output=True, text=True, timeout=120)
+
+
+def test_a_final_sync_at_exit_that_fails_is_on_stderr_recorded_and_made_up_for(
+        src: Path, tmp_path: Path, state_home: Path) -> None:
+    dst = tmp_path / "it's kept"
+    exited = exit_after_a_first_run(src, dst, breaking=True)
+    assert exited.returncode == 0, exited.stderr
+    (failure,) = failed_syncs()  # read back in another process: what a new kernel sees
+    assert (failure.src, failure.dst) == (str(src), str(dst))
+    assert failure.error == (f"NotADirectoryError: [Errno 20] sync destination {str(dst)!r} "
+                             "is not a folder")
+    assert re.fullmatch(
+        rf"the final sync of {re.escape(repr(str(src)))} -> {re.escape(repr(str(dst)))} at exit "
+        rf"\(\d{{4}}-\d\d-\d\d \d\d:\d\d\) failed: {re.escape(failure.error)}; run "
+        rf"ipycloud\.sync\({re.escape(repr(str(src)))}, {re.escape(repr(str(dst)))}\)",
+        str(failure)), str(failure)
+    assert exited.stderr == f"ipycloud: {failure}\n"
+    assert [path.parent for path in state_home.rglob("*.json")] == [state_home / "failed-syncs"]
+    dst.unlink()
+    planned = sync(src, dst, dry_run=True, progress=False)
+    assert planned.after_failure == failure and failed_syncs() == [failure]
+    report = sync(src, dst, progress=False)
+    assert report.after_failure == failure and failed_syncs() == []
+    assert str(report) == (f"{report.summary()}\nit makes up for the final sync at exit "
+                           f"({failure.when()}), which failed: {failure.error}")
+    assert sync(src, dst, progress=False).after_failure is None
+
+
+def test_a_final_sync_at_exit_that_works_says_nothing(src: Path, tmp_path: Path) -> None:
+    exited = exit_after_a_first_run(src, tmp_path / "dst", breaking=False)
+    assert (exited.returncode, exited.stderr) == (0, "")
+    assert (tmp_path / "dst/late.txt").read_text() == "written after the first run"
+    assert failed_syncs() == []
+
+
+def assert_whole_copies_only(src: Path, dst: Path) -> None:
+    """``dst`` holds exactly the files of ``src``, each whole: no torn copy under a final
+    name (sync never deletes one, so it would still be there) and no temporary file."""
+    assert {rel: v[2] for rel, v in files_only(dst).items()} == {
+        rel: v[2] for rel, v in files_only(src).items()}
+
+
+def survives_the_fault(src: Path, dst: Path, code: int, break_it: Callable[[], object],
+                       fix: Callable[[], object], later: int | None = None) -> None:
+    """A background sync from ``src`` to ``dst`` runs fine; after ``break_it()`` it fails
+    with ``code`` and runs (and fails, with ``code`` or ``later``) again; once ``fix()``
+    is done it runs fine, naming the error it kept until stop() raises it; ``dst`` then
+    holds whole copies only."""
+    background = BackgroundSync(src, dst, every_s=0.05).start()
+    try:
+        assert wait_for(lambda: background.last_report is not None)
+        break_it()
+        assert wait_for(lambda: background.last_error is not None)
+        first = background.last_error
+        assert isinstance(first, OSError) and first.errno == code, first
+        assert f"failed: OSError: [Errno {code}] " in str(background)
+        assert wait_for(lambda: background.last_error is not first)  # it kept running
+        assert background.running
+        fix()
+        assert wait_for(lambda: " ok: " in str(background))
+        codes = f"({code}|{later})" if later else code
+        assert re.search(rf" ok: .*; a run at \d\d:\d\d:\d\d failed: \w+: \[Errno {codes}\] ",
+                         str(background)), str(background)
+    finally:
+        with pytest.raises(OSError) as kept:
+            background.stop(final=False)
+    assert kept.value.errno in (code, later)
+    assert_whole_copies_only(src, dst)
+
+
+def test_a_full_destination_fails_runs_but_tears_no_file(
+        src: Path, small_tmpfs: Callable[[str], Path]) -> None:
+    dst = small_tmpfs("2m")
+    big = src / "big.bin"
+
+    def make_room() -> None:
+        assert not (dst / "big.bin").exists()  # never a torn copy under its final name
+        big.unlink()
+
+    survives_the_fault(src, dst, errno.ENOSPC,
+                       lambda: big.write_bytes(os.urandom(3 * 1024 * 1024)), make_room)
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EROFS], ids=["EIO", "EROFS"])
+def test_a_destination_that_refuses_writes_fails_runs_but_tears_no_file(
+        src: Path, faulty_mount: FaultyMount, code: int) -> None:
+    """Drive's mount answers writes with EIO midway through a file, or turns read-only."""
+    dst = faulty_mount.path / "outputs"
+
+    def break_it() -> None:
+        (src / "b.bin").write_bytes(b"changed " * 4096)
+        faulty_mount.fail(code, ops="write" if code == errno.EIO else CHANGING,
+                          path="outputs/*b.bin", after_bytes=4096)
+
+    def heal() -> None:
+        assert (dst / "b.bin").read_bytes() == FILES["b.bin"]  # the old copy, whole
+        faulty_mount.heal()
+
+    survives_the_fault(src, dst, code, break_it, heal)
+
+
+def test_a_destination_mount_that_vanishes_fails_runs_and_recovers_when_back(
+        src: Path, faulty_mount: FaultyMount) -> None:
+    """Drive's FUSE process dies: every access fails with ENOTCONN ("Transport endpoint
+    is not connected") until it is mounted again. Meanwhile, while the mount point is a
+    bare local folder, the sync must not make its destination there: the files would land
+    on the local disk, and the mount would then refuse the non-empty folder."""
+    dst = faulty_mount.path / "outputs"
+
+    def vanish() -> None:
+        (src / "late.txt").write_text("written while the mount was gone")
+        faulty_mount.vanish()
+
+    survives_the_fault(src, dst, errno.ENOTCONN, vanish, faulty_mount.come_back,
+                       later=errno.ENOENT)  # unmounted: "is its storage still mounted?"
+
+
+def test_after_a_run_that_worked_a_background_sync_never_makes_its_destination_again(
+        src: Path, tmp_path: Path) -> None:
+    """The destination going away is what an unmounted Drive looks like: making it again
+    would put the files on the local disk, below the mount point."""
+    mount_point = tmp_path / "drive"
+    dst = mount_point / "MyDrive" / "outputs"
+    background = BackgroundSync(src, dst, every_s=0.05).start()
+    assert wait_for(lambda: background.last_report is not None)  # it made dst
+    shutil.rmtree(mount_point / "MyDrive")
+    assert wait_for(lambda: background.last_error is not None)
+    assert str(background.last_error) == (
+        f"[Errno 2] sync destination {str(dst)!r} is missing: is its storage still mounted?")
+    with pytest.raises(FileNotFoundError):
+        background.stop(final=True)  # the final run finds it missing too
+    assert list(mount_point.iterdir()) == []
+    with pytest.raises(FileNotFoundError):
+        sync(src, dst, create_dst=False, progress=False)
+    assert sync(src, dst, progress=False).copied  # a sync of its own makes it
+
+
+def test_a_destination_that_goes_midway_is_not_made_again_through_a_new_subfolder(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unmounted right after it was listed: the new subfolder would make it again."""
+    mount_point = tmp_path / "drive"
+    dst = mount_point / "outputs"
+    sync(src, dst, progress=False)
+    make_tree(src, {"new/inner.txt": b"new"})
+    real_scan = tree_module.scan
+
+    def scan_then_unmount(root: str) -> tuple[dict[str, os.stat_result], list[str]]:
+        listed = real_scan(root)
+        if root == str(dst):
+            shutil.rmtree(dst)
+        return listed
+
+    monkeypatch.setattr(tree_module, "scan", scan_then_unmount)
+    with pytest.raises(FileNotFoundError):
+        sync(src, dst, create_dst=False, progress=False)
+    assert list(mount_point.iterdir()) == []
+
+
+def test_a_reset_stops_every_background_sync_even_one_that_kept_an_error(
+        src: Path, tmp_path: Path) -> None:
+    from ipycloud.runtime.per_process import reset_process_state
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    failing = BackgroundSync(src, blocker / "dst", every_s=3600).start()
+    working = BackgroundSync(src, tmp_path / "dst", every_s=3600).start()
+    assert wait_for(lambda: failing.last_error is not None and working.last_report is not None)
+    reset_process_state()
+    assert running_syncs() == [] and not failing.running and not working.running

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +18,8 @@ from ipycloud.magics._display import Notice
 if TYPE_CHECKING:
     import argparse
 
+    from ipycloud.runtime.storage.background import BackgroundSync
+
 MOUNT_KINDS = ("auto", "drive", "kaggle", "local")
 ACTIONS = (*MOUNT_KINDS, "gdrive", "download", "sync", "status")
 # The options each use of the magic takes; any other option given is refused.
@@ -25,6 +29,7 @@ OPTIONS = {
     "gdrive": {"force", "dest", "sha256", "md5"},
     "download": {"dest", "sha256", "md5", "extract"},
     "sync": {"delete", "checksum", "dry_run", "every"},
+    "sync --stop": {"stop"},
     "status": set(),
 }
 
@@ -50,7 +55,11 @@ class StorageMagics(Magics):
     @argument("--delete", action="store_true", help="sync: delete what SRC no longer has")
     @argument("--checksum", action="store_true", help="sync: compare contents, not mtimes")
     @argument("--dry-run", action="store_true", help="sync: show what would change")
-    @argument("--every", type=duration, help="sync: repeat in the background, e.g. 10m")
+    @argument("--every", type=duration,
+              help="sync: repeat in the background, e.g. 10m (in place of the pair's own)")
+    @argument("--stop", action="store_true",
+              help="sync: stop the background sync of SRC DST (without them: every one), "
+                   "after a final sync")
     @line_magic
     def mount_storage(self, line: str = "") -> Any:
         """Mount persistent storage, download data safely, and sync folders to it.
@@ -82,12 +91,17 @@ class StorageMagics(Magics):
             %mount_storage kaggle titanic --competition
             %mount_storage gdrive https://drive.google.com/file/d/1AbC.../view --sha256 9f86d0...
 
-        Copy results to persistent storage now, or every 10 minutes in the background::
+        Copy results to persistent storage now, or every 10 minutes in the background (one
+        background sync per pair of folders: starting it again changes its options), and
+        stop it, or every one, after a final sync::
 
             %mount_storage sync outputs /content/drive/MyDrive/ipycloud/default/outputs
             %mount_storage sync outputs /content/drive/MyDrive/runs --every 10m
+            %mount_storage sync outputs /content/drive/MyDrive/runs --stop
+            %mount_storage sync --stop
 
-        See what is mounted, the free space, and the background syncs::
+        See what is mounted, the free space, the background syncs, and the final syncs that
+        failed as a kernel exited (on this machine, until a sync of their folders succeeds)::
 
             %mount_storage status
         """
@@ -100,10 +114,12 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.mount import MountError
 
         use = ("kaggle download" if args.action == "kaggle" and args.operands else
+               "sync --stop" if args.action == "sync" and args.stop else
                "mount" if args.action in MOUNT_KINDS else args.action)
         refuse_options(self.mount_storage, args, OPTIONS[use], use)
         actions = {"mount": self._mount, "kaggle download": self._kaggle, "gdrive": self._gdrive,
-                   "download": self._download, "sync": self._sync, "status": self._status}
+                   "download": self._download, "sync": self._sync,
+                   "sync --stop": self._stop_syncs, "status": self._status}
         try:
             return actions[use](args)
         except ParameterError as error:
@@ -153,21 +169,61 @@ class StorageMagics(Magics):
 
     def _sync(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.storage.background import BackgroundSync
+        from ipycloud.runtime.storage.failed_syncs import failure_of
         from ipycloud.runtime.storage.sync import sync
-        from ipycloud.runtime.units import format_seconds
 
-        source, target = _expect(args.operands, 2, "%mount_storage sync SRC DST")
+        source, target = _expect(args.operands, 2,
+                                 "%mount_storage sync SRC DST [--every 10m | --stop]")
         options = {"delete": args.delete, "checksum": args.checksum}
-        if args.every:
-            if args.dry_run:
-                raise ValueError("--dry-run and --every do not go together")
-            BackgroundSync(source, target, args.every, **options).start()
-            return Notice(f"syncing {source} to {target} every {format_seconds(args.every)} "
-                          "in the background, and once more when the kernel exits")
-        return sync(source, target, dry_run=args.dry_run, **options)
+        if not args.every:
+            return sync(source, target, dry_run=args.dry_run, **options)
+        if args.dry_run:
+            raise ValueError("--dry-run and --every do not go together")
+        background = BackgroundSync(source, target, args.every, **options)
+        earlier = failure_of(background.src, background.dst)  # before its first run forgets it
+        background.start()
+        instead = ("" if background.replaced is None else
+                   f" (in place of the one {_pace(background.replaced)})")
+        text = (f"syncing {_pair(background)} {_pace(background)} in the background{instead}, "
+                "and once more when the kernel exits")
+        return Notice(text if earlier is None else f"{text}\n{earlier.made_up()}")
+
+    def _stop_syncs(self, args: argparse.Namespace) -> Notice:
+        from ipycloud.runtime.messages import describe_error
+        from ipycloud.runtime.storage.background import background_sync_of, running_syncs
+
+        operands = _expect(args.operands, (0, 2), "%mount_storage sync [SRC DST] --stop")
+        chosen = running_syncs()
+        if operands:
+            found = background_sync_of(*operands)
+            if found is None:
+                source, target = (str(Path(folder).resolve()) for folder in operands)
+                raise ValueError(f"no background sync of {source!r} -> {target!r} is running "
+                                 "(see %mount_storage status)")
+            chosen = [found]
+        if not chosen:
+            return Notice("no background sync is running")
+        stopped, failed = [], []
+        for background in chosen:
+            with contextlib.suppress(Exception):  # an earlier run's error: the final run tells
+                background.stop(final=False)
+            try:
+                report = background.sync_now()
+            except Exception as error:
+                failed.append(f"the final sync of {_pair(background)} failed: "
+                              f"{describe_error(error)}; run "
+                              f"{_sync_line(background.src, background.dst)}")
+            else:
+                stopped.append(f"stopped the background sync {_pair(background)} after a "
+                               f"final sync: {report.summary()}")
+        if failed:
+            raise UsageError(f"%mount_storage sync: stopped {len(chosen)} background sync(s), "
+                             f"but {'; '.join(failed)}")
+        return Notice("\n".join(stopped))
 
     def _status(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.storage.background import running_syncs
+        from ipycloud.runtime.storage.failed_syncs import failed_syncs
         from ipycloud.runtime.storage.mount import last_mount
         from ipycloud.runtime.units import format_bytes
 
@@ -179,15 +235,38 @@ class StorageMagics(Magics):
             free = shutil.disk_usage(mounted.project).free
             lines.append(f"free space there: {format_bytes(free)}")
         lines += [f"background sync: {sync}" for sync in running_syncs()]
+        lines += [f"failed final sync: {failure.describe(_sync_line(failure.src, failure.dst))}"
+                  for failure in failed_syncs()]
         return Notice("\n".join(lines))
 
 
-def _expect(operands: list[str], count: int, usage: str) -> list[str]:
-    if len(operands) != count:
-        got = " ".join(operands) or "nothing"
-        raise UsageError(f"%mount_storage: expected {count} argument(s), got {got}; usage: "
+def _expect(operands: list[str], count: int | tuple[int, ...], usage: str) -> list[str]:
+    counts = count if isinstance(count, tuple) else (count,)
+    if len(operands) not in counts:
+        got = shlex.join(operands) or "nothing"
+        expected = " or ".join(str(number) for number in counts)
+        raise UsageError(f"%mount_storage: expected {expected} argument(s), got {got}; usage: "
                          f"{usage}")
     return operands
+
+
+def _pair(background: BackgroundSync) -> str:
+    """``'/content/outputs' -> '/content/drive/MyDrive/outputs'``."""
+    return f"{str(background.src)!r} -> {str(background.dst)!r}"
+
+
+def _pace(background: BackgroundSync) -> str:
+    """``every 10 min``, then the options that change what a run does: ``with --delete``."""
+    from ipycloud.runtime.units import format_seconds
+
+    flags = [f"--{name}" for name in ("delete", "checksum") if background.options.get(name)]
+    pace = f"every {format_seconds(background.every_s)}"
+    return f"{pace} with {' '.join(flags)}" if flags else pace
+
+
+def _sync_line(source: str | Path, target: str | Path) -> str:
+    """The line that syncs ``source`` to ``target`` once, each quoted as the magic reads it."""
+    return f"%mount_storage sync {shlex.quote(str(source))} {shlex.quote(str(target))}"
 
 
 def _stem(name: str) -> str:

@@ -27,8 +27,12 @@ B = TypeVar("B")
 PathLike = TypeVar("PathLike", str, Path)
 
 TEMP_PREFIX = ".tmp-"
-# What temp_name_for makes: the prefix, the writer's PID, 8 hex digits, the final name.
+# What temp_name_for makes: the prefix, the writer's PID, 8 hex digits, the final name (or
+# its start).
 _TEMP_NAME = re.compile(rf"{re.escape(TEMP_PREFIX)}(\d+)-[0-9a-f]{{8}}-.")
+# The shortest limit on a name's length in bytes (NAME_MAX) in common use: eCryptfs's.
+# Every file system allows a name this long, and one as long as any name it already holds.
+_SAFE_NAME_BYTES = 143
 LOCK_NAME = ".ipycloud.lock"
 _CHUNK = 64 * 1024 * 1024
 # fsync on a folder is refused by some FUSE and network file systems; the rename still holds.
@@ -117,11 +121,29 @@ def side_by_side(background: Callable[[], A], foreground: Callable[[], B]) -> tu
 def temp_name_for(final: PathLike) -> PathLike:
     """A temporary path beside ``final`` naming this process, so stale ones can be found.
 
-    A ``str`` in, a ``str`` out (the fast path for copying many files); a Path for a Path.
+    Its name is ``.tmp-<pid>-<8 hex digits>-`` then the final name, cut short where the
+    whole would pass both the final name's length and ``_SAFE_NAME_BYTES`` (in bytes), so
+    it is legal wherever the final name is. A ``str`` in, a ``str`` out (the fast path for
+    copying many files); a Path for a Path.
     """
     folder, name = os.path.split(final)
-    temp = os.path.join(folder, f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}")
+    head = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
+    temp = os.path.join(folder, head + _shortened(name, len(head)))
     return temp if isinstance(final, str) else type(final)(temp)
+
+
+def _shortened(name: str, head_bytes: int) -> str:
+    """``name``, or as much of its start as fits after ``head_bytes`` bytes of ASCII; never
+    a UTF-8 character cut in two."""
+    raw = os.fsencode(name)
+    room = max(len(raw), _SAFE_NAME_BYTES) - head_bytes
+    if len(raw) <= room:
+        return name
+    for _ in range(3):  # a character's continuation bytes, at most three
+        if raw[room] & 0xC0 != 0x80:
+            break
+        room -= 1
+    return os.fsdecode(raw[:room])
 
 
 def is_temporary(name: str) -> bool:

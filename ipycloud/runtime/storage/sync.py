@@ -16,6 +16,7 @@ refuses links (Google Drive, FAT), they are reported as skipped, like sockets an
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -25,6 +26,7 @@ from typing import Any
 
 from ipycloud.runtime.durable import remove_path
 from ipycloud.runtime.storage import tree
+from ipycloud.runtime.storage.failed_syncs import FailedSync, failure_of, forget_failure
 from ipycloud.runtime.storage.transfer import Outcome, Placing, transfer
 from ipycloud.runtime.storage.verify import hash_file
 from ipycloud.runtime.units import format_bytes
@@ -40,7 +42,10 @@ PathArg = str | os.PathLike[str]
 
 @dataclass(frozen=True)
 class SyncReport:
-    """What one sync did (or, with ``dry_run``, would do); paths are relative, with ``/``."""
+    """What one sync did (or, with ``dry_run``, would do); paths are relative, with ``/``.
+
+    ``after_failure`` is the final sync at exit of the same folders that failed before it.
+    """
 
     copied: tuple[str, ...]
     updated: tuple[str, ...]
@@ -49,6 +54,7 @@ class SyncReport:
     bytes_copied: int
     dry_run: bool
     skipped: tuple[str, ...] = ()
+    after_failure: FailedSync | None = None
 
     def summary(self) -> str:
         """One line: ``12 copied, 3 updated, 0 deleted, 980 unchanged (45.1 MiB)``."""
@@ -60,11 +66,14 @@ class SyncReport:
         return f"dry run: {line}" if self.dry_run else line
 
     def __str__(self) -> str:
-        return self.summary()
+        """The summary line, and what it makes up for on a second one."""
+        if self.after_failure is None:
+            return self.summary()
+        return f"{self.summary()}\n{self.after_failure.made_up()}"
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        """IPython display: the summary line."""
-        printer.text(self.summary())
+        """IPython display: as ``str``."""
+        printer.text(str(self))
 
 
 @dataclass
@@ -183,8 +192,9 @@ def _execute(source: str, target: str, plan: _Plan, src_entries: tree.Listing,
     for rel in plan.replace:
         remove_path(tree.join(target, rel))
         outcome.deleted.append(rel)
-    for rel in plan.mkdirs:
-        os.makedirs(tree.join(target, rel), exist_ok=True)
+    for rel in plan.mkdirs:  # parents first; never the destination itself, should it go
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(tree.join(target, rel))
     placing = Placing.for_target(target)
     try:
         with tqdm(total=_bytes(plan, src_entries), unit="B", unit_scale=True,
@@ -230,34 +240,56 @@ def _delete_extras(target: str, rels: list[str], outcome: Outcome) -> None:
 
 
 def sync(src: PathArg, dst: PathArg, *, delete: bool = False, checksum: bool = False,
-         dry_run: bool = False, progress: bool = True) -> SyncReport:
+         dry_run: bool = False, progress: bool = True, create_dst: bool = True) -> SyncReport:
     """Make ``dst`` hold what ``src`` holds, copying only new or changed files.
 
     Files are compared by size and mtime, or by sha256 content with ``checksum``. Entries
     only in ``dst`` are kept unless ``delete``. ``dry_run`` reports and touches nothing.
+    ``dst`` and its parents are made where missing, unless ``create_dst`` is False: then a
+    missing ``dst`` is an error (FileNotFoundError), as when its storage was unmounted and
+    the folder below the mount point would take the files.
+    A recorded failure of the pair's final sync at exit is named in the report, and
+    forgotten once this sync succeeds.
     ValueError when ``src`` is not a folder or one folder lies inside the other.
     """
     source_path, target_path = check_pair(src, dst)
     source, target = str(source_path), str(target_path)
-    if not dry_run:
+    earlier = failure_of(source_path, target_path)
+    if not dry_run and create_dst:
         target_path.mkdir(parents=True, exist_ok=True)
+    elif not dry_run:
+        _check_folder(target)
     with _lock_for(target_path):
         src_entries, _ = tree.scan(source)
         dst_entries, temps = tree.scan(target)
+        leftovers = tree.take_leftovers(dst_entries, temps, src_entries)
         if not dry_run:
-            tree.remove_stale_temps(target, temps)
+            tree.remove_stale_temps(target, leftovers)
         plan = _plan(source, target, src_entries, dst_entries, delete, checksum)
         if dry_run:
             return SyncReport(
                 copied=_sorted(plan.copy), updated=_sorted(plan.update),
                 deleted=_sorted(plan.replace + plan.delete), unchanged=plan.unchanged,
                 bytes_copied=_bytes(plan, src_entries), dry_run=True,
-                skipped=_sorted(plan.skipped))
+                skipped=_sorted(plan.skipped), after_failure=earlier)
         outcome = _execute(source, target, plan, src_entries, progress)
+    if earlier is not None:
+        forget_failure(source_path, target_path)
     return SyncReport(copied=_sorted(outcome.copied), updated=_sorted(outcome.updated),
                       deleted=_sorted(outcome.deleted), unchanged=plan.unchanged,
                       bytes_copied=outcome.bytes_copied, dry_run=False,
-                      skipped=_sorted(outcome.skipped))
+                      skipped=_sorted(outcome.skipped), after_failure=earlier)
+
+
+def _check_folder(target: str) -> None:
+    """FileNotFoundError or NotADirectoryError, in words, unless ``target`` is a folder."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"sync destination {target!r} is missing: is "
+                                "its storage still mounted?") from None
+    if not stat.S_ISDIR(mode):
+        raise NotADirectoryError(errno.ENOTDIR, f"sync destination {target!r} is not a folder")
 
 
 def _sorted(rels: list[str]) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Listing a folder tree for sync: every entry's lstat by ``/``-separated relative path.
 
-Sync's temporary files (``.tmp-<pid>-<hex>-<name>``) are listed apart from the rest.
+Files and links named like sync's temporary files (``durable.temp_name_for``) are also
+listed apart: at the destination, those the source lacks are sync's own leftovers.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def join(root: str, rel: str) -> str:
 
 def scan(root: str) -> tuple[Listing, list[str]]:
     """Every entry under ``root`` (links not followed) by relative path, parents before
-    their children, and apart from them the relative paths of sync's temporary files.
+    their children, and the relative paths of the files and links among them named like
+    sync's temporary files.
 
     Folders are read through descriptors relative to ``root``, so each entry costs one
     short ``fstatat``. Entries that vanish while the tree is listed are left out; a
@@ -56,17 +58,15 @@ def _scan_folder(root_fd: int, prefix: str, found: Listing, temps: list[str],
     try:
         with os.scandir(folder_fd) as entries:
             for entry in entries:
-                name = entry.name
-                rel = prefix + name
-                if is_temporary(name):
-                    temps.append(rel)
-                    continue
+                rel = prefix + entry.name
                 try:
                     info = found[rel] = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
                 if stat.S_ISDIR(info.st_mode):
                     pending.append(rel + "/")
+                elif is_temporary(entry.name):
+                    temps.append(rel)
     finally:
         os.close(folder_fd)
 
@@ -78,6 +78,15 @@ def kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "dir"
     return "link" if stat.S_ISLNK(mode) else "other"
+
+
+def take_leftovers(dst_entries: Listing, temps: list[str], src_entries: Listing) -> list[str]:
+    """Sync's temporary files at the destination: those of ``temps`` (from ``scan``) that the
+    source lacks, taken out of ``dst_entries``. One the source has is the user's file."""
+    leftovers = [rel for rel in temps if rel not in src_entries]
+    for rel in leftovers:
+        del dst_entries[rel]
+    return leftovers
 
 
 def remove_stale_temps(root: str, temps: list[str]) -> None:
