@@ -96,6 +96,14 @@ def test_configured_folder_is_used_without_dir(notebook, tmp_path: Path) -> None
     assert [info.step for info in CheckpointManager(folder).list()] == [0]
 
 
+def test_a_configured_folder_of_an_unknown_user_is_one_line(notebook) -> None:
+    notebook.run_line_magic("config", "CheckpointMagics.directory = '~nobody-here/runs'")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", "save model")
+    assert str(caught.value) == ("%checkpoint save: CheckpointMagics.directory: no user named "
+                                 "'nobody-here' for ~nobody-here: give the full path")
+
+
 def test_default_folder_is_under_the_platform_persistent_folder(notebook, tmp_path: Path,
                                                                 monkeypatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))

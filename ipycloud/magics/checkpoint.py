@@ -11,7 +11,14 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Int, Unicode, default
 
-from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
+from ipycloud.magics._arguments import (
+    duration,
+    expand_home,
+    help_option,
+    parse_line,
+    refuse_options,
+    user_path,
+)
 from ipycloud.magics._display import Notice
 from ipycloud.runtime.checkpoint.catalog import MAX_STEP
 
@@ -70,8 +77,8 @@ class CheckpointMagics(Magics):
     @magic_arguments()
     @argument("action", choices=ACTIONS, help="what to do")
     @argument("names", nargs="*", help="notebook variables: model, optimizer, scheduler, ...")
-    @argument("--dir", dest="folder", help="checkpoint folder (default: see %%config "
-              "CheckpointMagics.directory)")
+    @argument("--dir", dest="folder", type=user_path,
+              help="checkpoint folder (default: see %%config CheckpointMagics.directory)")
     @argument("--step", type=step_number,
               help="step number to record (save; default: the next one)")
     @argument("--tag", help="a name to keep this checkpoint by; tagged ones are never rotated")
@@ -253,10 +260,17 @@ class CheckpointMagics(Magics):
         return state
 
     def _folder(self, folder: str | None) -> Path:
+        """The folder of ``--dir`` (its ``~`` already expanded), else the configured one."""
         from ipycloud.runtime.checkpoint import default_directory
 
-        chosen = folder or self.directory
-        return Path(chosen).expanduser() if chosen else default_directory("default")
+        if folder:
+            return Path(folder)
+        if not self.directory:
+            return default_directory("default")
+        try:
+            return Path(expand_home(self.directory))
+        except ValueError as error:
+            raise ValueError(f"CheckpointMagics.directory: {error}") from None
 
     def _manager(self, folder: str | None) -> CheckpointManager:
         from ipycloud.runtime.checkpoint import manager_for

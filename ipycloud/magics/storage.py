@@ -10,7 +10,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
+from ipycloud.magics._arguments import (
+    duration,
+    expand_home,
+    help_option,
+    parse_line,
+    refuse_options,
+    user_path,
+)
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -43,7 +50,8 @@ class StorageMagics(Magics):
     @argument("--force", action="store_true",
               help="remount Drive, mending a stale mount; kaggle, gdrive: download again")
     @argument("--competition", action="store_true", help="kaggle: a competition's data")
-    @argument("--dest", help="download folder (default: the project's data/, else ./data)")
+    @argument("--dest", type=user_path,
+              help="download folder (default: the project's data/, else ./data)")
     @argument("--sha256", help="expected SHA-256 of the download")
     @argument("--md5", help="expected MD5 of the download")
     @argument("--extract", action="store_true", help="extract the downloaded archive safely")
@@ -156,7 +164,8 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.sync import sync
         from ipycloud.runtime.units import format_seconds
 
-        source, target = _expect(args.operands, 2, "%mount_storage sync SRC DST")
+        source, target = (expand_home(folder) for folder in
+                          _expect(args.operands, 2, "%mount_storage sync SRC DST"))
         options = {"delete": args.delete, "checksum": args.checksum}
         if args.every:
             if args.dry_run:
