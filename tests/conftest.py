@@ -17,8 +17,8 @@ from traitlets.config import Config
 from ipycloud.runtime.machine import nvml
 from ipycloud.runtime.per_process import reset_process_state
 
-# Fixtures of the loopback servers, for any test module that names them.
-pytest_plugins = ["http_server", "gdrive_server", "kaggle_server"]
+# Fixtures of the loopback servers and of the small mounts, for any test module that names them.
+pytest_plugins = ["http_server", "gdrive_server", "kaggle_server", "mounts"]
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from ipycloud.magics._arguments import (
     user_path,
 )
 from ipycloud.magics._display import Notice
+from ipycloud.magics._storage_errors import storage_problem
 
 if TYPE_CHECKING:
     import argparse
@@ -201,7 +202,11 @@ class DashboardMagics(Magics):
         except NoSamplesError:
             raise ValueError(NO_SAMPLES) from None
         if args.csv:
-            report.to_csv(args.csv)
+            try:
+                report.to_csv(args.csv)
+            except OSError as error:
+                problem = storage_problem(args.csv, error, "--csv")
+                raise UsageError(f"%dashboard report: {problem}") from None
             return Notice(f"wrote the usage report to {args.csv}")
         return JsonReport(report) if args.json else report
 
