@@ -145,8 +145,11 @@ def test_quoting_help_and_mistakes_in_a_real_kernel(tmp_path: Path) -> None:
         f"%checkpoint list --dir {shlex.quote(str(folder))}",
         "%checkpoint restore model -h",
         "%checkpoint list --step 5",
+        "%checkpoint save model --step 1 --step 2",
+        f"%checkpoint list --dir {shlex.quote(str(tmp_path / ('x' * 300)))}",
     )]
-    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+    for cell in notebook.cells[5:]:
+        cell.metadata["tags"] = ["raises-exception"]
     cells = execute(notebook, tmp_path).cells
     assert sorted(path.name for path in tmp_path.iterdir()) == [AWKWARD, "with spaces"]
     assert CheckpointManager(folder).list()[0].tag == "first"
@@ -156,6 +159,12 @@ def test_quoting_help_and_mistakes_in_a_real_kernel(tmp_path: Path) -> None:
     assert outputs(cells[4])["stdout"].startswith("usage: %checkpoint ")
     assert outputs(cells[5]) == {"stderr": "UsageError: %checkpoint: --step does not apply to "
                                            "list (see %checkpoint? for usage)\n"}
+    assert outputs(cells[6]) == {"stderr": "UsageError: %checkpoint: argument --step: given "
+                                           "twice: give it once (see %checkpoint? for usage)\n"}
+    assert outputs(cells[7]) == {"stderr": "UsageError: %checkpoint list: cannot use the "
+                                           f"folder {tmp_path / ('x' * 300)}: a name in its "
+                                           "path is too long for its file system; give a "
+                                           "shorter one with --dir\n"}
 
 
 
