@@ -301,6 +301,16 @@ def test_a_variable_named_twice_is_refused(notebook, tmp_path: Path, line) -> No
     assert auto.registered() is None
 
 
+def test_a_value_that_holds_itself_is_one_line(notebook, tmp_path: Path) -> None:
+    notebook.run_cell("history = {'losses': [0.5]}\nhistory['self'] = history")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"save model history --dir {tmp_path / 'c'}")
+    assert str(caught.value) == ("%checkpoint save: a value in model, history nests too "
+                                 "deeply or holds itself, which a checkpoint cannot store; "
+                                 "save it without the cycle")
+    assert list(tmp_path.iterdir()) == []
+
+
 ACTIONS_ON_A_FOLDER = ["save model", "save model --async", "restore model", "list",
                        "auto model"]
 

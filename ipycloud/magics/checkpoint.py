@@ -161,6 +161,10 @@ class CheckpointMagics(Magics):
         except OSError as error:
             problem = storage_problem(f"the folder {self._folder(args.folder)}", error, "--dir")
             raise UsageError(f"%checkpoint {args.action}: {problem}") from None
+        except RecursionError:  # from walking the state: a value that holds itself
+            raise UsageError(f"%checkpoint {args.action}: a value in {', '.join(args.names)} "
+                             "nests too deeply or holds itself, which a checkpoint cannot "
+                             "store; save it without the cycle") from None
 
     # -- actions -----------------------------------------------------------------------------
 
