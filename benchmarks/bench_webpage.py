@@ -10,10 +10,10 @@ shared sampler once a second in every condition, so the difference between "page
 "page closed" is the page's server and its answers alone. "Open" is ``%dashboard --web
 --interval 1`` plus a client thread in this process that asks what the page asks, as the
 page does: ``api/reading`` and ``api/history?since=<reading - 300 s>`` once, then
-``api/history?since=<its newest reading>`` every second (each on a new connection, as the
-server closes it after each answer); the measures start a second after the first two
-answers, as opening the page is a cost paid once. "Closed" is after ``%dashboard stop``: no
-server.
+``api/history?since=<its newest reading>`` every second (each on a new connection, as
+urllib asks: dearer than the one a browser keeps); the measures start a second after the
+first two answers, as opening the page is a cost paid once. "Closed" is after ``%dashboard
+stop``: no server.
 
 1. CPU, kernel busy in a sleeping cell: the CPU time of the whole kernel process (every
    thread, ``time.process_time()`` read in the cell) over ``WINDOW_S`` seconds, page open

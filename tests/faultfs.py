@@ -7,7 +7,8 @@ A pytest plugin (tests/conftest.py lists it in ``pytest_plugins``) with two fixt
 - ``faulty_mount``: a ``FaultyMount`` whose ``path`` ("My Drive") mirrors the folder
   ``backing``. ``fail(errno.EIO, ops="write")``, ``slow(0.1)``, ``heal()``, ``vanish()``,
   ``come_back()``; ``calls()`` lists the file operations it served.
-- ``small_tmpfs``: a function that mounts a tmpfs of the given size and returns its path.
+- ``small_tmpfs``: a function that mounts a tmpfs of the given size and returns its path;
+  ``read_only_folder`` and ``full_folder`` are two such mounts ready made.
 
 A test that uses one of them is marked ``fuse`` or ``mounts`` and is skipped, with the
 reason, where the machine lacks what it needs; one that mounts with ``mounted(backing,
@@ -249,20 +250,22 @@ def faulty_mount(tmp_path: Path) -> Iterator[FaultyMount]:
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Callable[[int | str], Path]]:
-    """``small_tmpfs(size)`` mounts a tmpfs of ``size`` (bytes, or a number with k, m or g)
-    owned by this user, and returns its path; each is unmounted after the test."""
+def small_tmpfs(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """``small_tmpfs(size, read_only=False)`` mounts a tmpfs of ``size`` (bytes, or a
+    number with k, m or g) owned by this user, and returns its path; each is unmounted
+    after the test."""
     root = as_root()
     assert root is not None, "the mounts marker skips where tmpfs cannot be mounted"
     mounted_here: list[Path] = []
 
-    def mount(size: int | str) -> Path:
+    def mount(size: int | str, read_only: bool = False) -> Path:
         if not re.fullmatch(r"[1-9][0-9]*[kmg]?", str(size), re.IGNORECASE):
             raise ValueError(f"size must be a number of bytes, or one with k, m or g "
                              f"(e.g. '1m'), not {size!r}")
         target = tmp_path / f"tmpfs {len(mounted_here)}"
         target.mkdir()
-        options = f"size={size},uid={os.getuid()},gid={os.getgid()},mode=0700"
+        options = (f"size={size},uid={os.getuid()},gid={os.getgid()},mode=0700"
+                   + (",ro" if read_only else ""))
         subprocess.run([*root, "mount", "-t", "tmpfs", "-o", options, "tmpfs", str(target)],
                        check=True, capture_output=True, timeout=TIMEOUT_S)
         mounted_here.append(target)
@@ -272,3 +275,15 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Callable[[int | str], Path]]:
     for target in reversed(mounted_here):
         subprocess.run([*root, "umount", "--lazy", str(target)], check=True,
                        capture_output=True, timeout=TIMEOUT_S)
+
+
+@pytest.fixture
+def read_only_folder(small_tmpfs: Callable[..., Path]) -> Path:
+    """An empty folder on a read-only file system."""
+    return small_tmpfs("1m", read_only=True)
+
+
+@pytest.fixture
+def full_folder(small_tmpfs: Callable[..., Path]) -> Path:
+    """A folder on a file system of 64 KiB, where a larger file finds no space."""
+    return small_tmpfs("64k")

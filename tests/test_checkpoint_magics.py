@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,14 @@ def test_configured_folder_is_used_without_dir(notebook, tmp_path: Path) -> None
     assert [info.step for info in CheckpointManager(folder).list()] == [0]
 
 
+def test_a_configured_folder_of_an_unknown_user_is_one_line(notebook) -> None:
+    notebook.run_line_magic("config", "CheckpointMagics.directory = '~nobody-here/runs'")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", "save model")
+    assert str(caught.value) == ("%checkpoint save: CheckpointMagics.directory: no user named "
+                                 "'nobody-here' for ~nobody-here: give the full path")
+
+
 @pytest.fixture
 def plain_machine(tmp_path: Path, monkeypatch) -> Path:
     """A local machine whose home is tmp_path, with no notebook name known."""
@@ -137,7 +148,7 @@ def test_auto_registers_and_saves_after_a_cell_when_due(notebook, tmp_path: Path
     assert auto.registered() is registration
     assert str(registration).startswith("auto checkpoint of model, optimizer every 10 min")
     notebook.run_cell("train_step()")
-    assert not folder.exists()  # not due yet
+    assert list(folder.iterdir()) == []  # made when registered, no save due yet
     registration.last_saved_at -= 601  # ten minutes pass
     notebook.run_cell("train_step()")
     assert "ipycloud: automatic checkpoint step-000000000" in capsys.readouterr().out
@@ -151,9 +162,10 @@ def test_auto_registers_and_saves_after_a_cell_when_due(notebook, tmp_path: Path
 
 
 def test_auto_save_failure_is_shown_not_swallowed(notebook, tmp_path: Path, capsys) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    registration = notebook.run_line_magic("checkpoint", f"auto model --every 1s --dir {blocker}")
+    folder = tmp_path / "auto"
+    registration = notebook.run_line_magic("checkpoint", f"auto model --every 1s --dir {folder}")
+    folder.rmdir()
+    folder.write_text("a file where the folder was")
     registration.last_saved_at -= 2
     notebook.run_cell("x = 1")
     assert "ipycloud: automatic checkpoint failed:" in capsys.readouterr().out
@@ -188,6 +200,7 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("list --dir {tmp}/empty", "no checkpoint in"),
         ("list model", "%checkpoint list takes no variable names"),
         ("restore model --dir {tmp}/one --from 7", "no checkpoint of step 7"),
+        ("restore model --dir {tmp}/one --from ²", "no checkpoint tagged or named '²'"),
         ("restore model --dir {tmp}/one --from best", "%checkpoint restore: --from best needs "
                                                       "keep_best=(metric, 'min' or 'max')"),
         ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch' (it holds "
@@ -296,3 +309,120 @@ def test_list_needs_no_names_and_takes_the_configured_folder(notebook, tmp_path:
     notebook.run_line_magic("checkpoint", "save model")
     table = notebook.run_line_magic("checkpoint", "list")
     assert [info.step for info in table.infos] == [0]
+
+
+@pytest.mark.parametrize("line", ["save model model", "save model optimizer model --step 3",
+                                  "restore model model", "auto model optimizer model"])
+def test_a_variable_named_twice_is_refused(notebook, tmp_path: Path, line) -> None:
+    folder = tmp_path / "one"
+    notebook.run_line_magic("checkpoint", f"save model --dir {folder}")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"{line} --dir {folder}")
+    assert str(caught.value) == (f"%checkpoint {line.split()[0]}: model is named twice: name "
+                                 "each variable once")
+    assert [info.step for info in CheckpointManager(folder).list()] == [0]
+    assert auto.registered() is None
+
+
+def test_a_value_that_holds_itself_is_one_line(notebook, tmp_path: Path) -> None:
+    notebook.run_cell("history = {'losses': [0.5]}\nhistory['self'] = history")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"save model history --dir {tmp_path / 'c'}")
+    assert str(caught.value) == ("%checkpoint save: a value in model, history nests too "
+                                 "deeply or holds itself, which a checkpoint cannot store; "
+                                 "save it without the cycle")
+    assert list(tmp_path.iterdir()) == []
+
+
+ACTIONS_ON_A_FOLDER = ["save model", "save model --async", "restore model", "list",
+                       "auto model"]
+
+
+@pytest.mark.parametrize("line", ACTIONS_ON_A_FOLDER)
+def test_a_file_given_as_the_folder_is_one_line(notebook, tmp_path: Path, line) -> None:
+    file = tmp_path / "notes 'v1'.txt"
+    file.write_text("mine")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"{line} --dir {shlex.quote(str(file))}")
+    assert str(caught.value) == (f"%checkpoint {line.split()[0]}: {file} is a file, not a "
+                                 "folder; give a folder with --dir")
+    assert file.read_text() == "mine" and list(tmp_path.iterdir()) == [file]
+    assert auto.registered() is None
+
+
+@pytest.mark.parametrize("line", ACTIONS_ON_A_FOLDER)
+def test_a_folder_name_too_long_is_one_line(notebook, tmp_path: Path, line) -> None:
+    folder = tmp_path / ("x" * 300)
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"{line} --dir {folder}")
+    assert str(caught.value) == (f"%checkpoint {line.split()[0]}: cannot use the folder "
+                                 f"{folder}: a name in its path is too long for its file "
+                                 "system; give a shorter one with --dir")
+    assert list(tmp_path.iterdir()) == [] and auto.registered() is None
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('save model --dir "{folder}"', "cannot use the folder {folder}: read-only file system; "
+                                  "give one on a writable disk with --dir"),
+    ('save model --dir "{folder}/new"', "cannot create the folder {folder}/new: Read-only file "
+                                      "system; give one on a writable disk with --dir"),
+    ('auto model --dir "{folder}"', "cannot use the folder {folder}: read-only file system; "
+                                  "give one on a writable disk with --dir"),
+    ('auto model --dir "{folder}/new"', "cannot use the folder {folder}/new: read-only file "
+                                      "system; give one on a writable disk with --dir"),
+])
+def test_a_read_only_folder_is_one_line(notebook, read_only_folder: Path, line,
+                                        message) -> None:
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", line.format(folder=read_only_folder))
+    assert str(caught.value) == (f"%checkpoint {line.split()[0]}: "
+                                 + message.format(folder=read_only_folder))
+    assert auto.registered() is None
+
+
+def test_a_background_save_into_a_read_only_folder_fails_at_the_next_call(
+        notebook, read_only_folder: Path) -> None:
+    notebook.run_line_magic("checkpoint", f'save model --async --dir "{read_only_folder}"')
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f'list --dir "{read_only_folder}"')
+    text = str(caught.value)
+    assert text.startswith("%checkpoint list: the previous asynchronous save failed: ")
+    assert "Read-only file system" in text and "\n" not in text
+    assert text.endswith("; give one on a writable disk with --dir")
+
+
+@pytest.mark.parametrize(("option", "failing"), [("", "save"), ("--async", "list")])
+def test_a_full_disk_is_one_line_and_keeps_the_checkpoints_it_has(
+        notebook, full_folder: Path, option, failing) -> None:
+    folder = shlex.quote(str(full_folder))
+    notebook.run_line_magic("checkpoint", f"save epoch --dir {folder}")
+    notebook.run_cell("big = torch.nn.Linear(128, 128)")  # 65 KiB of weights
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"save big {option} --dir {folder}")
+        notebook.run_line_magic("checkpoint", f"list --dir {folder}")  # a background failure
+    text = str(caught.value)
+    assert text.startswith(f"%checkpoint {failing}: ") and "\n" not in text
+    assert "No space left on device" in text and str(full_folder) in text
+    assert text.endswith("; free some space there or give another with --dir")
+    assert [info.step for info in CheckpointManager(full_folder).list()] == [0]
+
+
+@pytest.mark.parametrize(("number", "message"), [
+    ("ENOTCONN", "cannot use the folder /content/drive/MyDrive/runs: transport endpoint is "
+                 "not connected: its mount was lost (as Drive's is after a disconnection); "
+                 "remount it (%mount_storage drive --force) or give another with --dir"),
+    ("EACCES", "cannot use the folder /content/drive/MyDrive/runs: permission denied; give "
+               "one you may write to with --dir"),
+    ("EIO", "cannot use the folder /content/drive/MyDrive/runs: input/output error: its disk "
+            "or connection failed; try again or give another with --dir"),
+    ("EXDEV", "cannot use the folder /content/drive/MyDrive/runs: invalid cross-device link; "
+              "give another with --dir"),
+])
+def test_storage_errors_this_machine_cannot_cause_read_as_one_line(number, message) -> None:
+    """A lost Drive mount and another user's folder cannot be had here as root: their
+    errors, as the kernel gives them, in the words the magics use."""
+    from ipycloud.magics._storage_errors import storage_problem
+
+    code = getattr(errno, number)
+    error = OSError(code, os.strerror(code), "/content/drive/MyDrive/runs/step-000000001.pt")
+    assert storage_problem("the folder /content/drive/MyDrive/runs", error, "--dir") == message

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import shlex
+import stat
 import sys
 import threading
 import time
@@ -353,6 +356,47 @@ def test_a_report_without_samples_is_one_line(magic_shell) -> None:
         magic_shell.run_line_magic("dashboard", "report")
     assert str(caught.value) == ("%dashboard report: no samples recorded yet: start monitoring "
                                  "with %dashboard (or ipycloud.start_monitoring())")
+
+
+@pytest.fixture
+def recorded(magic_shell) -> Any:
+    """The magic shell with a few readings recorded and its sampler stopped."""
+    dashboard = magic_shell.run_line_magic("dashboard", "--interval 0.1")
+    wait_for(lambda: shared_tracker().samples >= 2)
+    dashboard.stop()
+    magic_shell.run_line_magic("dashboard", "stop")
+    return magic_shell
+
+
+def test_the_csv_report_replaces_no_folder_device_or_pipe(recorded, tmp_path: Path) -> None:
+    pipe, folder = tmp_path / "a pipe", tmp_path / "u.csv"
+    os.mkfifo(pipe)
+    folder.mkdir()
+    for target in (pipe, folder):
+        with pytest.raises(UsageError) as caught:
+            recorded.run_line_magic("dashboard", f"report --csv {shlex.quote(str(target))}")
+        assert str(caught.value) == (f"%dashboard report: cannot write {target}: it is a "
+                                     "folder, a device or a pipe, not a file; give another "
+                                     "with --csv")
+    assert stat.S_ISFIFO(pipe.lstat().st_mode) and folder.is_dir()
+    assert sorted(tmp_path.iterdir()) == [pipe, folder]
+
+
+def test_a_csv_name_too_long_is_one_line(recorded, tmp_path: Path) -> None:
+    target = tmp_path / ("u" * 300 + ".csv")
+    with pytest.raises(UsageError) as caught:
+        recorded.run_line_magic("dashboard", f"report --csv {target}")
+    assert str(caught.value) == (f"%dashboard report: cannot use {target}: a name in its "
+                                 "path is too long for its file system; give a shorter one "
+                                 "with --csv")
+
+
+def test_a_csv_in_a_read_only_folder_is_one_line(recorded, read_only_folder: Path) -> None:
+    with pytest.raises(UsageError) as caught:
+        recorded.run_line_magic("dashboard", f'report --csv "{read_only_folder}/u.csv"')
+    assert str(caught.value) == (f"%dashboard report: cannot use {read_only_folder}/u.csv: "
+                                 "read-only file system; give one on a writable disk with "
+                                 "--csv")
 
 
 @pytest.mark.parametrize(

@@ -145,8 +145,11 @@ def test_quoting_help_and_mistakes_in_a_real_kernel(tmp_path: Path) -> None:
         f"%checkpoint list --dir {shlex.quote(str(folder))}",
         "%checkpoint restore model -h",
         "%checkpoint list --step 5",
+        "%checkpoint save model --step 1 --step 2",
+        f"%checkpoint list --dir {shlex.quote(str(tmp_path / ('x' * 300)))}",
     )]
-    notebook.cells[-1].metadata["tags"] = ["raises-exception"]
+    for cell in notebook.cells[5:]:
+        cell.metadata["tags"] = ["raises-exception"]
     cells = execute(notebook, tmp_path).cells
     assert sorted(path.name for path in tmp_path.iterdir()) == [AWKWARD, "with spaces"]
     assert CheckpointManager(folder).list()[0].tag == "first"
@@ -156,4 +159,70 @@ def test_quoting_help_and_mistakes_in_a_real_kernel(tmp_path: Path) -> None:
     assert outputs(cells[4])["stdout"].startswith("usage: %checkpoint ")
     assert outputs(cells[5]) == {"stderr": "UsageError: %checkpoint: --step does not apply to "
                                            "list (see %checkpoint? for usage)\n"}
+    assert outputs(cells[6]) == {"stderr": "UsageError: %checkpoint: argument --step: given "
+                                           "twice: give it once (see %checkpoint? for usage)\n"}
+    assert outputs(cells[7]) == {"stderr": "UsageError: %checkpoint list: cannot use the "
+                                           f"folder {tmp_path / ('x' * 300)}: a name in its "
+                                           "path is too long for its file system; give a "
+                                           "shorter one with --dir\n"}
 
+
+
+@pytest.mark.parametrize(("magic", "line", "option"), [
+    ("checkpoint", "save model --step 1 --step 2 --dir {tmp}/c", "--step"),
+    ("checkpoint", "save model --tag x --tag y --dir {tmp}/c", "--tag"),
+    ("checkpoint", "save model --dir {tmp}/a --dir={tmp}/b", "--dir"),
+    ("checkpoint", "save model --async --dir {tmp}/c --async", "--async"),
+    ("mount_storage", "sync {tmp}/a {tmp}/b --every 1m --every 2m", "--every"),
+    ("mount_storage", "local --project x --project y", "--project"),
+    ("dashboard", "report --csv {tmp}/a.csv --csv {tmp}/b.csv", "--csv"),
+    ("dashboard", "--text --text", "--text"),
+    ("keepalive", "start --limit 1h --limit 2h", "--limit"),
+    ("gpuinfo", "--json --json", "--json"),
+    ("gpuinfo", "-p --processes", "-p/--processes"),
+    ("gpuinfo", "-pp", "-p/--processes"),
+])
+def test_an_option_given_twice_is_refused(notebook, local_home: Path, magic, line,
+                                          option) -> None:
+    before = sorted(local_home.parent.iterdir())
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic(magic, line.format(tmp=local_home.parent))
+    assert str(caught.value) == (f"%{magic}: argument {option}: given twice: give it once "
+                                 f"(see %{magic}? for usage)")
+    assert sorted(local_home.parent.iterdir()) == before  # nothing made
+    assert not session_guard().running
+
+
+def test_a_leading_tilde_is_the_home_folder(shell, local_home: Path) -> None:
+    (local_home / "outputs").mkdir(parents=True)
+    (local_home / "outputs" / "a.txt").write_text("x")
+    report = shell.run_line_magic("mount_storage", "sync ~/outputs ~/kept")
+    assert report.copied == ("a.txt",)
+    assert (local_home / "kept" / "a.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize(("magic", "line", "argument"), [
+    ("checkpoint", "save model --dir ~nobody-here/ckpt", "argument --dir"),
+    ("checkpoint", "list --dir ~nobody-here", "argument --dir"),
+    ("mount_storage", "kaggle alice/iris --dest ~nobody-here/data", "argument --dest"),
+    ("mount_storage", "download http://127.0.0.1:9/x --dest ~nobody-here", "argument --dest"),
+    ("mount_storage", "sync {tmp} ~nobody-here/kept", "sync"),
+    ("dashboard", "report --csv ~nobody-here/u.csv", "argument --csv"),
+])
+def test_a_tilde_of_an_unknown_user_is_one_line(notebook, tmp_path: Path, magic, line,
+                                                argument) -> None:
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic(magic, line.format(tmp=tmp_path))
+    text = str(caught.value)
+    assert text.startswith(f"%{magic}") and "\n" not in text
+    assert (f"{argument}: no user named 'nobody-here' for ~nobody-here: give the full path"
+            in text)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_warning_given_twice_is_refused(shell) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("keepalive", "start --warn 15m,5m,900s")
+    assert str(caught.value) == ("%keepalive: argument --warn: 15 min is given twice in "
+                                 "'15m,5m,900s': give each once (see %keepalive? for usage)")
+    assert not session_guard().running

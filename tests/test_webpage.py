@@ -1,13 +1,17 @@
 """The dashboard page a kernel serves itself: its token, its JSON from the shared sampler on
-a fake NVML board, its port closed by stop, reset and in forked children, and ``%dashboard``
-showing it (``--web`` anywhere, plain ``%dashboard`` on Colab through the google.colab stub)."""
+a fake NVML board, its connections (many opened at once, kept between polls, ended by stop),
+its port closed by stop, reset and in forked children, and ``%dashboard`` showing it
+(``--web`` anywhere, plain ``%dashboard`` on Colab through the google.colab stub)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import select
 import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,15 +24,19 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from IPython.core.error import UsageError
 from jupyter_process import refused
+from page_process import PageProcess, scripted_probe
 from waiting import wait_for
 
 from ipycloud.magics.dashboard_web import PageView, page_height
 from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
-from ipycloud.runtime.monitor.samples import DiskSample, Sample
-from ipycloud.runtime.monitor.webpage import PageServer, serve_page, stop_page
+from ipycloud.runtime.monitor.webpage import (
+    REQUEST_TIMEOUT_S,
+    PageServer,
+    serve_page,
+    stop_page,
+)
 from ipycloud.runtime.per_process import reset_process_state
 
-GIB = 2**30
 MIB = 2**20
 READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks"}
 
@@ -52,13 +60,6 @@ def get_json(server: PageServer, route: str, **query: object) -> Any:
     status, content_type, body = get(server, f"/api/{route}?{search}")
     assert (status, content_type) == (200, "application/json"), body
     return json.loads(body)
-
-
-def scripted_probe() -> Sample:
-    """A reading with made-up figures, at the time it is taken."""
-    return Sample(time=time.time(), cpu_percent=25.0, ram_used=4 * GIB, ram_limit=16 * GIB,
-                  ram_available=12 * GIB, swap_used=0, swap_total=0, process_rss=GIB,
-                  disks=(DiskSample("working", "/work", 100 * GIB, 10 * GIB, 90 * GIB),))
 
 
 @pytest.fixture
@@ -160,6 +161,104 @@ def test_a_client_that_sends_nothing_holds_up_no_other(page_server: PageServer) 
         started = time.monotonic()
         get_json(page_server, "reading")
         assert time.monotonic() - started < 2
+
+
+BURST = 64  # connections that pages opening at once start together
+
+
+def test_connections_opened_while_the_server_cannot_accept_are_all_answered() -> None:
+    """A kernel busy in C code that holds the interpreter accepts nothing for a while: the
+    connections opened meanwhile wait to be accepted, none is dropped."""
+    with PageProcess() as page:
+        page.pause()
+        clients = [socket.socket() for _ in range(BURST)]
+        try:
+            for client in clients:
+                client.setblocking(False)
+                client.connect_ex(("127.0.0.1", page.port))
+            established = connected(clients)
+            page.resume()
+            assert len(established) == BURST, (f"{len(established)} of {BURST} connections "
+                                               "established while the server was paused")
+            for client in clients:
+                client.settimeout(10)
+                client.sendall(f"GET /api/reading?token={page.token} HTTP/1.1\r\n"
+                               "Host: 127.0.0.1\r\n\r\n".encode())
+            assert [status_of(client) for client in clients] == [200] * BURST
+        finally:
+            for client in clients:
+                client.close()
+
+
+def connected(clients: list[socket.socket], timeout: float = 10.0) -> list[socket.socket]:
+    """The clients whose connection is established (in progress ones waited for up to
+    ``timeout`` seconds in all)."""
+    deadline = time.monotonic() + timeout
+    pending, done = list(clients), []
+    while pending and (left := deadline - time.monotonic()) > 0:
+        _, writable, _ = select.select([], pending, [], left)
+        for client in writable:
+            pending.remove(client)
+            assert client.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+            done.append(client)
+    return done
+
+
+def status_of(client: socket.socket) -> int:
+    """The status of the answer read from ``client``, its body read too."""
+    response = http.client.HTTPResponse(client)
+    response.begin()
+    response.read()
+    return response.status
+
+
+def test_a_page_asks_again_on_the_connection_it_opened(page_server: PageServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", page_server.port, timeout=10)
+    path = f"/api/reading?token={page_server.token}"
+    statuses, sockets = [], []
+    for _ in range(3):
+        connection.request("GET", path)
+        response = connection.getresponse()
+        json.loads(response.read())
+        statuses.append(response.status)
+        sockets.append(connection.sock)
+    connection.close()
+    assert statuses == [200] * 3
+    assert sockets[0] is not None and sockets == [sockets[0]] * 3  # one connection
+
+
+def test_stop_ends_the_connections_pages_keep(page_server: PageServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", page_server.port, timeout=10)
+    path = f"/api/reading?token={page_server.token}"
+    connection.request("GET", path)
+    assert connection.getresponse().read()
+    page_server.stop()
+    with pytest.raises(ConnectionError):  # no answer on the kept connection
+        connection.request("GET", path)
+        connection.getresponse()
+    connection.close()
+
+
+def test_stop_leaves_no_thread_behind(page_server: PageServer) -> None:
+    for _ in range(3):
+        get_json(page_server, "reading")  # urllib: a connection for each request
+    kept = http.client.HTTPConnection("127.0.0.1", page_server.port, timeout=10)
+    kept.request("GET", f"/api/reading?token={page_server.token}")
+    assert kept.getresponse().read()
+    page_server.stop()
+    wait_for(lambda: not [thread for thread in threading.enumerate()
+                          if thread.name.startswith("ipycloud-page")],
+             timeout=REQUEST_TIMEOUT_S / 2,  # sooner than an idle connection's own end
+             what="the page server's threads to end")
+    kept.close()
+
+
+def test_each_new_reading_and_pace_is_answered(page_server: PageServer) -> None:
+    first = get_json(page_server, "reading")
+    wait_for(lambda: get_json(page_server, "reading")["time"] > first["time"],
+             what="a newer reading")
+    page_server.follow(0.5)
+    assert get_json(page_server, "reading")["interval_s"] == 0.5
 
 
 def test_a_forked_child_lets_go_of_the_port(page_server: PageServer) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from IPython.core.error import UsageError
 
-from ipycloud.runtime.units import parse_duration
+from ipycloud.runtime.units import format_seconds, parse_duration
 
 Magic = Callable[..., Any]
 
@@ -25,7 +26,7 @@ def parse_line(magic: Magic, line: str) -> argparse.Namespace:
 
     The line is split like a shell command line: quotes group words and are removed, a
     backslash escapes the next character. Options are never abbreviated (``--jso`` is not
-    ``--json``) and an empty word (``--dir ""``) is refused.
+    ``--json``); an empty word (``--dir ""``) and an option given twice are refused.
     """
     name = magic.__name__
     parser: argparse.ArgumentParser = magic.parser  # type: ignore[attr-defined]
@@ -67,8 +68,33 @@ def duration(text: str) -> float:
 
 
 def durations(text: str) -> tuple[float, ...]:
-    """An argparse type: a comma-separated list of durations, such as ``15m,5m``."""
-    return tuple(duration(part) for part in text.split(","))
+    """An argparse type: a comma-separated list of different durations, such as ``15m,5m``."""
+    values = tuple(duration(part) for part in text.split(","))
+    for index, value in enumerate(values):
+        if value in values[:index]:
+            raise argparse.ArgumentTypeError(
+                f"{format_seconds(value)} is given twice in {text!r}: give each once")
+    return values
+
+
+def user_path(text: str) -> str:
+    """An argparse type: a path, its leading ``~`` or ``~user`` expanded (``expand_home``)."""
+    try:
+        return expand_home(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def expand_home(text: str) -> str:
+    """``text`` with a leading ``~`` or ``~user`` made that home folder, as a shell does;
+    ValueError (one line) for a user this machine does not know, rather than a folder named
+    after them."""
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        head = text.split("/", 1)[0]
+        user = f"no user named {head[1:]!r}" if head != "~" else "no home folder known"
+        raise ValueError(f"{user} for {head}: give the full path")
+    return expanded
 
 
 def refuse_options(magic: Magic, args: argparse.Namespace, allowed: set[str],
@@ -120,7 +146,8 @@ def _words(line: str) -> list[str]:
 
 
 def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
-    """The words as argparse should see them, empty ones refused.
+    """The words as argparse should see them; empty ones and options given twice refused
+    (argparse would keep the last value without a word).
 
     An option's value that starts with a dash is attached (``--every -5m`` as
     ``--every=-5m``): argparse takes such a value for an option unless it is attached, and
@@ -128,11 +155,17 @@ def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
     """
     options = parser._option_string_actions  # argparse keeps its option table private
     prepared: list[str] = []
+    given: set[argparse.Action] = set()
     tokens = iter(words)
     for token in tokens:
         flag, attached, value = token.partition("=")
         if token == "" or (attached and not value and flag in options):
             raise ValueError(_empty(flag if attached else None))
+        for option in _options_in(token, options):
+            if option in given:
+                raise ValueError(f"argument {'/'.join(option.option_strings)}: given twice: "
+                                 "give it once")
+            given.add(option)
         action = options.get(token)
         takes_value = action is not None and action.nargs is None
         following = next(tokens, None) if takes_value else None
@@ -145,6 +178,18 @@ def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
         else:
             prepared += [token, following]
     return prepared
+
+
+def _options_in(token: str, options: dict[str, argparse.Action]) -> list[argparse.Action]:
+    """The options a word gives: ``--name``, ``--name=value``, or flags run together
+    (``-pq`` for ``-p -q``, as argparse reads it)."""
+    flag = token.partition("=")[0]
+    if flag in options:
+        return [options[flag]]
+    if token.startswith("-") and not token.startswith("--") and len(token) > 2:
+        found = [options.get(f"-{letter}") for letter in token[1:]]
+        return [action for action in found if action is not None and action.nargs == 0]
+    return []
 
 
 def _empty(option: str | None) -> str:

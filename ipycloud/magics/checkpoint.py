@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,8 +14,16 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Int, Unicode, default
 
-from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
+from ipycloud.magics._arguments import (
+    duration,
+    expand_home,
+    help_option,
+    parse_line,
+    refuse_options,
+    user_path,
+)
 from ipycloud.magics._display import Notice
+from ipycloud.magics._storage_errors import storage_problem, storage_remedy
 from ipycloud.runtime.checkpoint.catalog import MAX_STEP
 
 if TYPE_CHECKING:
@@ -72,8 +82,8 @@ class CheckpointMagics(Magics):
     @magic_arguments()
     @argument("action", choices=ACTIONS, help="what to do")
     @argument("names", nargs="*", help="notebook variables: model, optimizer, scheduler, ...")
-    @argument("--dir", dest="folder", help="checkpoint folder (default: see %%config "
-              "CheckpointMagics.directory)")
+    @argument("--dir", dest="folder", type=user_path,
+              help="checkpoint folder (default: see %%config CheckpointMagics.directory)")
     @argument("--step", type=step_number,
               help="step number to record (save; default: the next one)")
     @argument("--tag", help="a name to keep this checkpoint by; tagged ones are never rotated")
@@ -150,13 +160,23 @@ class CheckpointMagics(Magics):
             text = one_line(error)
             for python, option in SPELLINGS.items():
                 text = text.replace(python, option)
-            raise UsageError(f"%checkpoint {args.action}: {text}") from None
+            remedy = storage_remedy(error, "--dir")
+            raise UsageError(f"%checkpoint {args.action}: {text}"
+                             + (f"; {remedy}" if remedy else "")) from None
+        except OSError as error:
+            problem = storage_problem(f"the folder {self._folder(args.folder)}", error, "--dir")
+            raise UsageError(f"%checkpoint {args.action}: {problem}") from None
+        except RecursionError:  # from walking the state: a value that holds itself
+            raise UsageError(f"%checkpoint {args.action}: a value in {', '.join(args.names)} "
+                             "nests too deeply or holds itself, which a checkpoint cannot "
+                             "store; save it without the cycle") from None
 
     # -- actions -----------------------------------------------------------------------------
 
     def _save(self, args: argparse.Namespace) -> Any:
         state = self._variables(args.names, "save")
         manager = self._manager(args.folder)
+        _refuse_a_file(manager.directory)
         step = manager.next_step() if args.step is None else args.step
         info = manager.save(state, step, tag=args.tag, blocking=not args.background)
         if info is None:
@@ -168,7 +188,7 @@ class CheckpointMagics(Magics):
         state = self._variables(args.names, "restore")
         manager = self._existing_manager(args.folder)
         chosen = args.which or "latest"
-        which: str | int = int(chosen) if chosen.isdigit() else chosen
+        which: str | int = int(chosen) if chosen.isdecimal() else chosen
         info = manager.load(state, which, strict=args.strict)
         self._ipython.user_ns.update(state)  # plain values come back as new objects
         restored = [name for name in state if name in info.objects]
@@ -201,9 +221,11 @@ class CheckpointMagics(Magics):
             return current
         self._variables(args.names, "auto")  # they must exist now
         names = tuple(args.names)
+        manager = self._manager(args.folder)
+        _refuse_a_file(manager.directory)
+        _check_writable(manager.directory)  # the saves come later: a mistake is said now
         registration = auto.AutoCheckpoint(
-            manager=self._manager(args.folder),
-            collect=lambda: self._variables(names, "auto"),
+            manager=manager, collect=lambda: self._variables(names, "auto"),
             names=names, every_s=args.every or duration(AUTO_EVERY))
         auto.register(registration)
         if not self._hook_registered:
@@ -243,6 +265,10 @@ class CheckpointMagics(Magics):
         if not names:
             raise UsageError(f"%checkpoint {action}: name the variables, e.g. "
                              f"%checkpoint {action} model optimizer")
+        repeated = [name for index, name in enumerate(names) if name in names[:index]]
+        if repeated:
+            raise UsageError(f"%checkpoint {action}: {repeated[0]} is named twice: name each "
+                             "variable once")
         namespace = self._ipython.user_ns
         state = {}
         for name in names:
@@ -258,10 +284,17 @@ class CheckpointMagics(Magics):
         return state
 
     def _folder(self, folder: str | None) -> Path:
+        """The folder of ``--dir`` (its ``~`` already expanded), else the configured one."""
         from ipycloud.runtime.checkpoint import default_directory
 
-        chosen = folder or self.directory
-        return Path(chosen).expanduser() if chosen else default_directory(self._notebook())
+        if folder:
+            return Path(folder)
+        if not self.directory:
+            return default_directory(self._notebook())
+        try:
+            return Path(expand_home(self.directory))
+        except ValueError as error:
+            raise ValueError(f"CheckpointMagics.directory: {error}") from None
 
     def _notebook(self) -> str:
         """The notebook's file name without ``.ipynb``, so each notebook gets a folder of
@@ -280,10 +313,34 @@ class CheckpointMagics(Magics):
     def _existing_manager(self, folder: str | None) -> CheckpointManager:
         manager = self._manager(folder)
         manager.wait()  # a save still being written counts
-        if not manager.directory.is_dir():
+        if _is_folder(manager.directory) is None:
             raise UsageError(f"%checkpoint: the folder {manager.directory} does not exist; "
                              "save a checkpoint first, or give the right one with --dir")
+        _refuse_a_file(manager.directory)
         if not manager.list():
             raise UsageError(f"%checkpoint: no checkpoint in {manager.directory} yet; save "
                              "one with %checkpoint save model optimizer")
         return manager
+
+
+def _is_folder(folder: Path) -> bool | None:
+    """Whether ``folder`` is a folder; None when nothing is there. Any other trouble (a name
+    too long, a lost mount) raises its OSError, where ``Path.exists`` would say False."""
+    try:
+        return stat.S_ISDIR(folder.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _refuse_a_file(folder: Path) -> None:
+    """ValueError when ``folder`` is a file."""
+    if _is_folder(folder) is False:
+        raise ValueError(f"{folder} is a file, not a folder; give a folder with --dir")
+
+
+def _check_writable(folder: Path) -> None:
+    """Make ``folder`` if it is missing and create a file in it (removed at once); OSError
+    when either cannot be done."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=folder):
+        pass

@@ -9,8 +9,15 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
+from ipycloud.magics._arguments import (
+    duration,
+    help_option,
+    parse_line,
+    refuse_options,
+    user_path,
+)
 from ipycloud.magics._display import Notice
+from ipycloud.magics._storage_errors import storage_problem
 
 if TYPE_CHECKING:
     import argparse
@@ -55,7 +62,7 @@ class DashboardMagics(Magics):
     @argument("--cells", action="store_true",
               help="also record each cell's wall time, peak RAM and peak GPU memory")
     @argument("--json", action="store_true", help="report: as JSON")
-    @argument("--csv", metavar="FILE", help="report: write it to FILE as CSV")
+    @argument("--csv", metavar="FILE", type=user_path, help="report: write it to FILE as CSV")
     @argument("--instance", metavar="KEY",
               help="report: price the run as this instance of the price table")
     @line_magic
@@ -195,7 +202,11 @@ class DashboardMagics(Magics):
         except NoSamplesError:
             raise ValueError(NO_SAMPLES) from None
         if args.csv:
-            report.to_csv(args.csv)
+            try:
+                report.to_csv(args.csv)
+            except OSError as error:
+                problem = storage_problem(args.csv, error, "--csv")
+                raise UsageError(f"%dashboard report: {problem}") from None
             return Notice(f"wrote the usage report to {args.csv}")
         return JsonReport(report) if args.json else report
 

@@ -12,7 +12,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ipycloud.magics._arguments import duration, help_option, parse_line, refuse_options
+from ipycloud.magics._arguments import (
+    duration,
+    expand_home,
+    help_option,
+    parse_line,
+    refuse_options,
+    user_path,
+)
 from ipycloud.magics._display import Notice
 
 if TYPE_CHECKING:
@@ -48,7 +55,8 @@ class StorageMagics(Magics):
     @argument("--force", action="store_true",
               help="remount Drive, mending a stale mount; kaggle, gdrive: download again")
     @argument("--competition", action="store_true", help="kaggle: a competition's data")
-    @argument("--dest", help="download folder (default: the project's data/, else ./data)")
+    @argument("--dest", type=user_path,
+              help="download folder (default: the project's data/, else ./data)")
     @argument("--sha256", help="expected SHA-256 of the download")
     @argument("--md5", help="expected MD5 of the download")
     @argument("--extract", action="store_true", help="extract the downloaded archive safely")
@@ -172,8 +180,9 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.failed_syncs import failure_of
         from ipycloud.runtime.storage.sync import sync
 
-        source, target = _expect(args.operands, 2,
-                                 "%mount_storage sync SRC DST [--every 10m | --stop]")
+        source, target = (expand_home(folder) for folder in
+                          _expect(args.operands, 2,
+                                  "%mount_storage sync SRC DST [--every 10m | --stop]"))
         options = {"delete": args.delete, "checksum": args.checksum}
         if not args.every:
             return sync(source, target, dry_run=args.dry_run, **options)
@@ -192,7 +201,8 @@ class StorageMagics(Magics):
         from ipycloud.runtime.messages import describe_error
         from ipycloud.runtime.storage.background import background_sync_of, running_syncs
 
-        operands = _expect(args.operands, (0, 2), "%mount_storage sync [SRC DST] --stop")
+        operands = [expand_home(folder) for folder in
+                    _expect(args.operands, (0, 2), "%mount_storage sync [SRC DST] --stop")]
         chosen = running_syncs()
         if operands:
             found = background_sync_of(*operands)

@@ -78,11 +78,15 @@ class UsageReport:
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as CSV rows of section, item, field, value (sections: session,
-        gpu by index, cost and compare by instance), whole or not at all; returns the path."""
+        gpu by index, cost and compare by instance), whole or not at all; returns the path.
+        A file there is replaced; a folder, device or pipe is not."""
         target = Path(path)
         if not target.parent.is_dir():
             raise FileNotFoundError(f"cannot write {target}: the folder {target.parent} "
                                     f"does not exist")
+        if target.exists() and not target.is_file():
+            raise FileExistsError(f"cannot write {target}: it is a folder, a device or a pipe, "
+                                  "not a file")
         write_bytes_atomically(target, csv_text(self).encode("utf-8"))
         return target
 

@@ -11,14 +11,16 @@ token <token>`` header; any other is answered 403. Its routes:
   the readings it keeps after T, as the Jupyter server extension's routes of the same names
   answer them (``ipycloud/server/README.md``).
 
-Each request is answered on a thread of its own from what the sampler thread already read,
-so nothing waits for the kernel's main thread; the server holds a subscription on the
-sampler, at its interval, while it runs.
+Each connection is served on a thread of its own (``http_connections``) from what the
+sampler thread already read, so nothing waits for the kernel's main thread; the server holds
+a subscription on the sampler, at its interval, while it runs. A page keeps its connection
+between polls (HTTP/1.1), and each reading is encoded once however many pages ask for it.
 """
 
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import logging
 import os
@@ -26,12 +28,13 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ipycloud.runtime.monitor import payloads
+from ipycloud.runtime.monitor.http_connections import ConnectionsServer
 from ipycloud.runtime.monitor.sampler import (
     DEFAULT_INTERVAL_S,
     VIEW_MIN_INTERVAL_S,
@@ -47,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 PAGE = ("monitor_page", "index.html")  # in the ipycloud package, once it is built
-REQUEST_TIMEOUT_S = 10.0  # a client that sends nothing for this long is dropped
+REQUEST_TIMEOUT_S = 10.0  # a connection that sends nothing for this long is closed
 _POLL_S = 0.5  # how often the serving thread looks for a stop request
 
 Answer = tuple[int, str, bytes]  # status, content type, body
@@ -70,6 +73,7 @@ class PageServer:
         self._thread: threading.Thread | None = None
         self._subscription: Subscription | None = None
         self._page: bytes | None = None
+        self._reading: tuple[Sample, float, bytes] | None = None  # the last one encoded
 
     @property
     def running(self) -> bool:
@@ -135,6 +139,7 @@ class PageServer:
             thread.join()
         if http is not None:
             http.server_close()
+            http.end_connections()
         _listening.discard(self)
 
     def authorised(self, token: str | None) -> bool:
@@ -152,6 +157,15 @@ class PageServer:
         """The sampler's newest reading; before its first, one taken on the caller's thread."""
         return self.sampler.latest() or self.sampler.sample_now()
 
+    def reading(self) -> bytes:
+        """The JSON of ``api/reading``: the newest reading, encoded once for every page."""
+        sample, interval = self.latest(), self.interval
+        encoded = self._reading
+        if encoded is None or encoded[0] is not sample or encoded[1] != interval:
+            body = json.dumps(payloads.reading(sample, interval)).encode()
+            self._reading = encoded = (sample, interval, body)
+        return encoded[2]
+
     def __repr__(self) -> str:
         where = f"port {self.port}" if self.running else "stopped"
         return f"<PageServer {where}, every {self.interval:g} s>"
@@ -160,7 +174,7 @@ class PageServer:
         """In a forked child (a data loader's worker): let go of the parent's socket, so
         that stopping the parent's server closes its port."""
         if self._http is not None:
-            self._http.socket.close()
+            self._http.let_go()
         self._http = self._thread = self._subscription = None
 
 
@@ -168,11 +182,10 @@ def _keep_sampling(sample: Sample) -> None:
     """The page server's hold on the sampler: the routes read the readings kept."""
 
 
-class _HttpServer(ThreadingHTTPServer):
-    """Answers each request on a daemon thread; its errors go to the log, never to stderr
-    (a kernel's stderr is the notebook's output)."""
+class _HttpServer(ConnectionsServer):
+    """The page's HTTP server; its errors go to the log, never to stderr (a kernel's stderr
+    is the notebook's output)."""
 
-    daemon_threads = True
     page: PageServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -180,14 +193,20 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """One request: the token checked, then a route answered."""
+    """One connection's requests: for each, the token checked, then a route answered."""
 
     server: _HttpServer
+    protocol_version = "HTTP/1.1"  # the connection stays open for the page's next poll
+    disable_nagle_algorithm = True  # an answer leaves at once, not after the client's ACK
+    wbufsize = io.DEFAULT_BUFFER_SIZE  # headers and body leave together, in one write
     timeout = REQUEST_TIMEOUT_S
     server_version = "ipycloud"
     sys_version = ""
 
     def do_GET(self) -> None:
+        if self.server.ended:  # the server stopped while this request came in
+            self.close_connection = True
+            return
         url = urlsplit(self.path)
         query = {name: values[-1] for name, values in parse_qs(url.query).items()}
         page = self.server.page
@@ -239,7 +258,7 @@ def _page(page: PageServer, query: dict[str, str]) -> Answer:
 
 
 def _reading(page: PageServer, query: dict[str, str]) -> Answer:
-    return _json(200, payloads.reading(page.latest(), page.interval))
+    return 200, JSON, page.reading()
 
 
 def _history(page: PageServer, query: dict[str, str]) -> Answer:
