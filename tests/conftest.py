@@ -4,6 +4,7 @@ local machine, Colab's callback registry, and a fresh process state around every
 from __future__ import annotations
 
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +37,16 @@ def state_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     test and the processes it starts, never the user's."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return tmp_path / "state" / "ipycloud"
+
+
+@pytest.fixture(autouse=True)
+def scratch(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The machine's scratch disk (the system temp folder, where saves go while a
+    checkpoint folder fails), a fresh folder for this test and the processes it starts."""
+    folder = tmp_path_factory.mktemp("scratch")
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
 
 
 @pytest.fixture

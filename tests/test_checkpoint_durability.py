@@ -216,7 +216,7 @@ def test_a_full_disk_fails_cleanly_and_keeps_the_previous_checkpoint(tmp_path: P
     result = in_child(_fill_the_disk, str(folder), limit)
     message = result["error"]
     assert message is not None, "a save larger than the file size limit succeeded"
-    assert result["type"] == "CheckpointError"
+    assert result["type"] == "CheckpointStorageError"
     assert result["errno"] == errno.EFBIG
     assert "\n" not in message
     assert message.startswith(f"could not write step-000000002 in {folder}")

@@ -11,7 +11,13 @@ import pytest
 import torch
 from IPython.core.error import UsageError
 
-from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager, auto, manager_for
+from ipycloud.runtime.checkpoint import (
+    CheckpointInfo,
+    CheckpointManager,
+    CheckpointWarning,
+    auto,
+    manager_for,
+)
 
 
 @pytest.fixture
@@ -161,14 +167,33 @@ def test_auto_registers_and_saves_after_a_cell_when_due(notebook, tmp_path: Path
     assert auto.registered() is None
 
 
-def test_auto_save_failure_is_shown_not_swallowed(notebook, tmp_path: Path, capsys) -> None:
+def test_an_auto_save_into_a_failing_folder_goes_to_the_fallback(notebook, tmp_path: Path,
+                                                                 scratch: Path, capsys) -> None:
     folder = tmp_path / "auto"
     registration = notebook.run_line_magic("checkpoint", f"auto model --every 1s --dir {folder}")
     folder.rmdir()
     folder.write_text("a file where the folder was")
     registration.last_saved_at -= 2
-    notebook.run_cell("x = 1")
-    assert "ipycloud: automatic checkpoint failed:" in capsys.readouterr().out
+    with pytest.warns(CheckpointWarning, match=rf"saving into {folder} failed: .*File exists; "
+                                                r"step 0 is saved in .*ipycloud-fallback"):
+        notebook.run_cell("x = 1")
+    saved = registration.last_saved
+    assert saved is not None and saved.directory.parent == scratch / "ipycloud-fallback"
+    assert "ipycloud: automatic checkpoint step-000000000" in capsys.readouterr().out
+
+
+def test_an_auto_save_that_goes_nowhere_is_shown_not_swallowed(
+        notebook, tmp_path: Path, scratch: Path, capsys) -> None:
+    folder = tmp_path / "auto"
+    registration = notebook.run_line_magic("checkpoint", f"auto model --every 1s --dir {folder}")
+    folder.rmdir()
+    folder.write_text("a file where the folder was")
+    (scratch / "ipycloud-fallback").write_text("and a file where the fallback goes")
+    registration.last_saved_at -= 2
+    with pytest.warns(CheckpointWarning, match="could not be saved in .* either"):
+        notebook.run_cell("x = 1")
+    assert ("ipycloud: automatic checkpoint failed: CheckpointStorageError: step 0 could not "
+            f"be saved in {folder} or its fallback folder") in capsys.readouterr().out
 
 
 def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> None:
@@ -362,8 +387,9 @@ def test_a_folder_name_too_long_is_one_line(notebook, tmp_path: Path, line) -> N
 
 
 @pytest.mark.parametrize(("line", "message"), [
-    ('save model --dir "{folder}"', "cannot use the folder {folder}: read-only file system; "
-                                  "give one on a writable disk with --dir"),
+    ('save model --dir "{folder}"', "could not write step-000000000 in {folder}: Read-only "
+                                    "file system; the previous checkpoints are untouched; "
+                                    "give one on a writable disk with --dir"),
     ('save model --dir "{folder}/new"', "cannot create the folder {folder}/new: Read-only file "
                                       "system; give one on a writable disk with --dir"),
     ('auto model --dir "{folder}"', "cannot use the folder {folder}: read-only file system; "

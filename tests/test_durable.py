@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from ipycloud.runtime.durable import (
     is_temporary,
@@ -78,3 +79,17 @@ def test_a_long_temporary_name_of_a_dead_writer_is_stale_and_of_a_live_one_is_no
         writer.stdin.close()
         writer.wait(timeout=60)
     assert stale_temporary(temp)
+
+
+def test_a_temporary_name_of_a_writer_dead_but_not_yet_reaped_is_stale() -> None:
+    """A writer whose parent died is reaped by whoever adopted it, maybe never."""
+    writer = os.fork()
+    if writer == 0:
+        os._exit(0)
+    try:
+        temp = f".tmp-{writer}-0123abcd-step-000000002.pt"
+        wait_for(lambda: Path(f"/proc/{writer}/stat").read_text().split()[2] == "Z",
+                 what="the writer a zombie")
+        assert stale_temporary(temp)
+    finally:
+        os.waitpid(writer, 0)

@@ -45,8 +45,10 @@ def checkpoint_list(args: argparse.Namespace) -> int:
     if not args.json:
         print(table)
         return 0
-    checkpoints = [{**info.to_manifest(), "status": info.status} for info in table.infos]
-    print(json.dumps({"directory": str(table.directory), "latest": table.latest,
+    checkpoints = [{**info.to_manifest(), "status": info.status,
+                    "directory": str(info.directory)} for info in table.infos]
+    latest = None if table.latest is None else table.latest.name
+    print(json.dumps({"directory": str(table.directory), "latest": latest,
                       "checkpoints": checkpoints}, indent=2))
     return 0
 

@@ -311,13 +311,18 @@ def _writer_pid(name: str) -> int | None:
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (dead, not yet reaped) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:  # "pid (name) state ..."
+            return stat_file.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):  # no /proc here, or the process just went
+        return True
 
 
 def stale_temporary(name: str) -> bool:

@@ -18,6 +18,7 @@ from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
     CheckpointMismatchError,
+    CheckpointStorageError,
     CheckpointWarning,
     UnsafeCheckpointError,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "CheckpointInfo",
     "CheckpointManager",
     "CheckpointMismatchError",
+    "CheckpointStorageError",
     "CheckpointTable",
     "CheckpointWarning",
     "UnsafeCheckpointError",

@@ -12,10 +12,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
+from ipycloud.runtime.checkpoint.errors import CheckpointStorageError
 from ipycloud.runtime.checkpoint.manager import CheckpointManager
+from ipycloud.runtime.checkpoint.resilient import resilient_saver
 from ipycloud.runtime.units import format_duration
 
 
@@ -39,12 +41,17 @@ class AutoCheckpoint:
     def save_now(self) -> CheckpointInfo:
         """Save the registered objects now, as the next step in the folder.
 
-        Saves never overlap: a second caller waits for the first to finish.
+        A failing folder is written around (``resilient``): the save goes to the fallback
+        folder, with a warning. CheckpointStorageError only when it went nowhere. Saves
+        never overlap: a second caller waits for the first to finish.
         """
         with self._lock:
-            self.manager.wait()
-            saved = self.manager.save(self.collect(), self.manager.next_step())
-            info = cast(CheckpointInfo, saved)  # a blocking save returns its checkpoint
+            saver = resilient_saver(self.manager)
+            step = saver.next_step()
+            info = saver.save(self.collect(), step)
+            if info is None:
+                raise CheckpointStorageError(f"step {step} could not be saved in "
+                                             f"{self.manager.directory} or its fallback folder")
             self.last_saved, self.last_saved_at = info, time.monotonic()
             return info
 

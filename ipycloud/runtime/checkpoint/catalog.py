@@ -161,7 +161,11 @@ def is_checkpoint_name(name: str) -> bool:
 
 
 def read_catalog(directory: Path) -> tuple[list[CheckpointInfo], list[str]]:
-    """The checkpoints in a folder, oldest first, and the manifests that could not be read."""
+    """The checkpoints in a folder, oldest first, and the manifests that are not sound.
+
+    A manifest removed while the folder is listed (rotated away) is left out; any other
+    OSError (a lost mount, an I/O error) is raised: the folder cannot be read now.
+    """
     infos, unreadable = [], []
     for manifest in sorted(directory.glob(f"step-*{MANIFEST_SUFFIX}")):
         if not is_checkpoint_name(manifest.stem):
@@ -171,7 +175,9 @@ def read_catalog(directory: Path) -> tuple[list[CheckpointInfo], list[str]]:
             if info.name != manifest.stem:
                 raise ValueError(f"{manifest.name} describes {info.name}")
             infos.append(info)
-        except (OSError, ValueError, TypeError):
+        except FileNotFoundError:
+            continue
+        except (ValueError, TypeError):
             unreadable.append(manifest.name)
     infos.sort(key=lambda info: info.sequence)
     return infos, unreadable
@@ -192,13 +198,15 @@ def write_latest_pointer(directory: Path, name: str) -> None:
 class CheckpointTable:
     """``list()`` as a table: text in a terminal, HTML in a notebook.
 
-    ``latest`` names the checkpoint "latest" loads: the newest that verifies. A checkpoint
-    still being written or found damaged says so beside its name.
+    ``latest`` is the checkpoint "latest" loads: the newest that verifies. A checkpoint
+    still being written or found damaged says so beside its name, and so does one that
+    lies in another folder (a fallback folder's).
     """
 
     HEADERS = ("name", "step", "epoch", "tag", "metrics", "size", "saved")
 
-    def __init__(self, directory: Path, infos: list[CheckpointInfo], latest: str | None) -> None:
+    def __init__(self, directory: Path, infos: list[CheckpointInfo],
+                 latest: CheckpointInfo | None) -> None:
         self.directory = directory
         self.infos = infos
         self.latest = latest
@@ -212,9 +220,12 @@ class CheckpointTable:
         return self.HEADERS, rows
 
     def _note(self, info: CheckpointInfo) -> str:
-        if info.status != COMPLETE:
-            return f" ({info.status})"
-        return " (latest)" if info.name == self.latest else ""
+        notes = [] if info.status == COMPLETE else [info.status]
+        if self.latest is not None and info.data_path == self.latest.data_path:
+            notes.append("latest")
+        if info.directory != self.directory:
+            notes.append(f"in {info.directory}")
+        return f" ({', '.join(notes)})" if notes else ""
 
     def __str__(self) -> str:
         title = f"{len(self.infos)} checkpoint(s) in {self.directory}"

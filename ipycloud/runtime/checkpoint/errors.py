@@ -7,6 +7,17 @@ class CheckpointError(Exception):
     """A checkpoint could not be saved or restored; the message says what to do."""
 
 
+class CheckpointStorageError(CheckpointError):
+    """The folder failed a save or a listing (a full or read-only disk, a lost mount, an
+    I/O error), or the writer process died: the previous checkpoints are untouched, and a
+    later try may succeed. ``__cause__`` holds the OSError, where there is one; ``step``
+    is the step whose save failed, where one did."""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class CheckpointMismatchError(CheckpointError):
     """The checkpoint does not fit the live objects; nothing was restored.
 

@@ -60,7 +60,8 @@ def problem(info: CheckpointInfo, *, read: bool = True) -> str | None:
 
     Sizes are always checked. A checksum is read from the file only with ``read``, and
     only when this process does not know it already; without ``read`` an unknown
-    checksum counts as matching.
+    checksum counts as matching. An OSError other than a missing file (a lost mount, an
+    I/O error) is raised: the folder cannot say now.
     """
     for file_name, expected in info.files.items():
         path = info.directory / file_name
@@ -74,8 +75,8 @@ def problem(info: CheckpointInfo, *, read: bool = True) -> str | None:
             if crc32 is None and read:
                 crc32 = FileDigest.of(path).crc32
                 remember(path, crc32, status, taken_ns)
-        except OSError as error:
-            return f"{file_name} cannot be read ({error.strerror or error})"
+        except FileNotFoundError:
+            return f"{file_name} is missing"
         if crc32 is not None and crc32 != expected.get("crc32"):
             return f"{file_name} fails its CRC-32 check"
     return None

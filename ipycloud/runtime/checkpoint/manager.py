@@ -5,18 +5,20 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
 import pickle
 import re
+import shutil
 import sys
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ipycloud._version import __version__
 from ipycloud.runtime._optional import is_available, require
@@ -30,18 +32,22 @@ from ipycloud.runtime.checkpoint.catalog import CheckpointInfo, CheckpointTable
 from ipycloud.runtime.checkpoint.data_file import write_data_file
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
+    CheckpointStorageError,
     CheckpointWarning,
     UnsafeCheckpointError,
 )
+from ipycloud.runtime.checkpoint.fallback import fallback_directory, read_both
 from ipycloud.runtime.checkpoint.restore import restore
 from ipycloud.runtime.checkpoint.state import HostBuffers, capture
 from ipycloud.runtime.checkpoint.writer_process import WriterProcess
 from ipycloud.runtime.durable import (
     FileDigest,
+    commit_temporary,
     folder_lock,
     fsync_folder,
     side_by_side,
     stale_temporaries,
+    write_temporary,
 )
 
 Which = str | int
@@ -49,6 +55,25 @@ Blocking = bool | Literal["auto"]
 WriteData = Callable[[Path, Any], FileDigest]  # writes a payload to a data file atomically
 
 KEEP_LAST = 3  # the newest checkpoints a folder keeps unless told otherwise
+_COPY_CHUNK = 1 << 20
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _reading(method: Method) -> Method:
+    """A manager method that reads the folder: an OSError (a lost mount, an I/O error)
+    becomes a CheckpointStorageError naming the folder."""
+
+    @functools.wraps(method)
+    def reading(self: CheckpointManager, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as error:
+            raise CheckpointStorageError(f"cannot read the folder {self.directory}: "
+                                         f"{error.strerror or error}") from error
+
+    return reading  # type: ignore[return-value]
 
 
 class CheckpointManager:
@@ -59,6 +84,10 @@ class CheckpointManager:
     "min")`` or ``("accuracy", "max", 2)`` also keeps the best by a metric, and
     ``load(which="best")`` loads the best. Tagged checkpoints are never rotated away.
 
+    ``fallback`` is the local folder that holds saves while ``directory`` fails (see
+    ``resilient``): "auto" for one on the machine's scratch disk, a folder, or None. Its
+    checkpoints are listed and loaded beside the folder's own: the newest wins.
+
     Each checkpoint belongs to a run (see ``runs``): this process continues the newest run
     in the folder whose writer is gone, or starts its own beside a run another live
     process writes. Rotation removes only checkpoints of this process's run; "latest" and
@@ -68,11 +97,14 @@ class CheckpointManager:
 
     def __init__(self, directory: str | os.PathLike[str] | None = None,
                  keep_last: int | None = KEEP_LAST, keep_best: tuple[Any, ...] | None = None,
-                 *, run: str = "default") -> None:
+                 *, run: str = "default",
+                 fallback: str | os.PathLike[str] | None = "auto") -> None:
         if not is_available("torch"):
             require("torch", "torch")  # raises the ImportError that names the extra
         check_keep_last(keep_last)
         self.directory = Path(directory) if directory is not None else default_directory(run)
+        self._fallback = (None if fallback is None else
+                          fallback if fallback == "auto" else Path(fallback))
         self.keep_last = keep_last
         self.keep_best = None if keep_best is None else _keep_best_rule(keep_best)
         self._buffers = HostBuffers()  # for states on an accelerator, written by a thread
@@ -114,13 +146,12 @@ class CheckpointManager:
         position = _json_ready(data_position, "data_position")
         captured = capture(state)
         rng_states = rng.capture_rng_states()
-        try:
+        with self._storage(f"cannot create the folder {self.directory}"):
             self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise CheckpointError(f"cannot create the folder {self.directory}: "
-                                  f"{error.strerror or error}") from error
+        with self._storage(f"cannot read the folder {self.directory}"):
+            run = self._claim_run()
         details: dict[str, Any] = {
-            "run": self._claim_run(), "step": step, "time": time.time(), "tag": tag,
+            "run": run, "step": step, "time": time.time(), "tag": tag,
             "epoch": epoch,
             "data_position": position, "metrics": checked_metrics, "objects": captured.kinds,
             "rng": sorted(rng_states), "versions": _versions(),
@@ -175,6 +206,9 @@ class CheckpointManager:
             self._process.hurry()
         self._writer.join()
         failure, self._failure = self._failure, None
+        if isinstance(failure, CheckpointStorageError):
+            raise CheckpointStorageError(f"the previous asynchronous save failed: {failure}",
+                                         failure.step) from failure
         if failure is not None:
             raise CheckpointError(f"the previous asynchronous save failed: {failure}") from failure
         return self._last_written
@@ -192,6 +226,35 @@ class CheckpointManager:
                 self._process.close()
             self._process = None
 
+    def copy_in(self, info: CheckpointInfo) -> CheckpointInfo:
+        """Copy a checkpoint of another folder (a fallback folder's) into this one, as its
+        newest checkpoint of this process's run; returns the copy.
+
+        The copy is checked against ``info``'s manifest before it is committed;
+        CheckpointStorageError when this folder fails, CheckpointError when the source
+        does not match its manifest.
+        """
+        expected = info.files.get(info.data_path.name, {})
+
+        def copy(path: Path, _payload: Any) -> FileDigest:
+            with open(info.data_path, "rb") as source:
+                temporary, digest = write_temporary(
+                    path, lambda file: shutil.copyfileobj(source, file, _COPY_CHUNK))
+            if (digest.size, digest.crc32) != (expected.get("size"), expected.get("crc32")):
+                temporary.unlink()
+                raise CheckpointError(f"{info.data_path} does not match its manifest: "
+                                      "not copied")
+            commit_temporary(temporary, path)
+            return digest
+
+        with self._storage(f"cannot create the folder {self.directory}"):
+            self.directory.mkdir(parents=True, exist_ok=True)
+        with self._storage(f"cannot read the folder {self.directory}"):
+            run = self._claim_run()
+        details = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)
+                   if field.name not in ("name", "directory", "sequence", "files", "status")}
+        return self._write({**details, "run": run}, {}, copy)
+
     def _write_in_background(self, details: dict[str, Any], payload: dict[str, Any],
                              write_data: WriteData) -> None:
         try:
@@ -208,7 +271,8 @@ class CheckpointManager:
         ``details`` are the CheckpointInfo fields other than name, directory and sequence;
         ``write_data`` writes the payload to the data file.
         """
-        with folder_lock(self.directory):
+        with (self._storage(f"cannot use the folder {self.directory}"),
+              folder_lock(self.directory)):
             self._remove_leftovers()
             infos, _ = catalog.read_catalog(self.directory)
             info = CheckpointInfo(
@@ -222,20 +286,30 @@ class CheckpointManager:
                     "size": digest.size, "crc32": digest.crc32}})
                 catalog.write_manifest(info)
                 self._pending = None
-            except OSError as error:
-                info.data_path.unlink(missing_ok=True)  # never committed: no manifest names it
-                raise CheckpointError(f"could not write {info.name} in {self.directory}: "
-                                      f"{error.strerror or error}; the previous checkpoints "
-                                      "are untouched") from error
-            try:
+            except (OSError, CheckpointStorageError) as error:
+                with contextlib.suppress(OSError):  # never committed: no manifest names it
+                    info.data_path.unlink(missing_ok=True)
+                if isinstance(error, CheckpointStorageError):  # the writer process's death
+                    error.step = info.step
+                    raise
+                raise CheckpointStorageError(
+                    f"could not write {info.name} in {self.directory}: "
+                    f"{error.strerror or error}; the previous checkpoints are untouched",
+                    info.step) from error
+            with self._storage(f"{info.name} is saved, but updating 'latest' or removing "
+                               "old checkpoints failed"):
                 catalog.write_latest_pointer(self.directory, info.name)
                 self._rotate([*infos, info])
-            except OSError as error:
-                raise CheckpointError(f"{info.name} is saved, but updating 'latest' or "
-                                      f"removing old checkpoints failed: "
-                                      f"{error.strerror or error}") from error
         self._last_written = info
         return info
+
+    @contextlib.contextmanager
+    def _storage(self, failing: str) -> Iterator[None]:
+        """Turn an OSError into a CheckpointStorageError: ``failing``, then why."""
+        try:
+            yield
+        except OSError as error:
+            raise CheckpointStorageError(f"{failing}: {error.strerror or error}") from error
 
     def _remove_leftovers(self) -> None:
         """Temporary files of dead writers and data files whose manifest never appeared."""
@@ -274,6 +348,20 @@ class CheckpointManager:
 
     # -- reading -----------------------------------------------------------------------------
 
+    @property
+    def fallback(self) -> Path | None:
+        """The local folder that holds saves while the folder fails, or None."""
+        if self._fallback == "auto":
+            self._fallback = fallback_directory(self.directory)
+        return self._fallback  # type: ignore[return-value]
+
+    def _read(self) -> tuple[list[CheckpointInfo], list[str]]:
+        """The checkpoints of the folder and of its fallback, oldest first, and the
+        manifests that are not sound."""
+        fallback = self.fallback
+        return read_both(self.directory, fallback if fallback != self.directory else None)
+
+    @_reading
     def list(self) -> list[CheckpointInfo]:
         """The checkpoints in the folder, oldest first, then the one being written, if any.
 
@@ -285,36 +373,43 @@ class CheckpointManager:
         pending = self._pending  # read first: its manifest may appear while listing
         infos = [info if integrity.problem(info, read=False) is None
                  else dataclasses.replace(info, status=catalog.DAMAGED)
-                 for info in catalog.read_catalog(self.directory)[0]]
+                 for info in self._read()[0]]
         if pending is None or any((info.step, info.time) == (pending.step, pending.time)
                                   for info in infos):
             return infos
         return [*infos, pending]
 
+    @_reading
     def table(self) -> CheckpointTable:
         """``list()`` as a table for notebooks and terminals, with "latest" on the newest
         checkpoint that verifies (its checksum is read unless this process knows it)."""
         self._require_directory()
-        damaged: set[str] = set()
-        latest = next(self._verified("latest", lambda info, _: damaged.add(info.name)), None)
-        infos = [dataclasses.replace(info, status=catalog.DAMAGED) if info.name in damaged
-                 else info for info in self.list()]
-        return CheckpointTable(self.directory, infos, latest.name if latest else None)
+        damaged: set[Path] = set()
+        latest = next(self._verified("latest", lambda info, _: damaged.add(info.data_path)),
+                      None)
+        infos = [dataclasses.replace(info, status=catalog.DAMAGED)
+                 if info.data_path in damaged else info for info in self.list()]
+        return CheckpointTable(self.directory, infos, latest)
 
+    @_reading
     def next_step(self) -> int:
         """One more than the highest step saved here, or 0 for an empty folder (the runs
         another live process writes left out)."""
-        if not self.directory.is_dir():
+        try:
+            self._require_directory()
+        except CheckpointError:
             return 0
         others = self._others_runs()
         return max((info.step for info in self.list() if info.run not in others),
                    default=-1) + 1
 
+    @_reading
     def latest(self) -> CheckpointInfo | None:
         """The newest checkpoint that passes verification, or None when there is none."""
         self._require_directory()
         return next(self._verified("latest"), None)
 
+    @_reading
     def load(self, state: Mapping[str, Any], which: Which = "latest", map_location: Any = None,
              strict: bool = True, *, restore_rng: bool = True,
              unsafe_allow_pickle: bool = False) -> CheckpointInfo:
@@ -340,7 +435,8 @@ class CheckpointManager:
         return info
 
     def _require_directory(self) -> None:
-        if not self.directory.is_dir():
+        fallback = self.fallback
+        if not (self.directory.is_dir() or (fallback is not None and fallback.is_dir())):
             raise CheckpointError(f"no checkpoint folder at {self.directory}")
 
     def _load_verified(self, which: Which, map_location: Any,
@@ -388,7 +484,7 @@ class CheckpointManager:
         """Checkpoints matching ``which``, preferred first: for "latest" the newest, for
         "best" the best by the metric (of runs another live process writes only when there
         is no other); otherwise the newest."""
-        found, unreadable = catalog.read_catalog(self.directory)
+        found, unreadable = self._read()
         for name in unreadable if warn else ():
             warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
                           "skipping it", CheckpointWarning, stacklevel=4)
@@ -410,6 +506,8 @@ class CheckpointManager:
     def _others_runs(self) -> dict[str, runs.Writer]:
         """The runs in the folder that another live process writes (not this one's)."""
         others = runs.live_elsewhere(self.directory)
+        if self.fallback is not None:
+            others |= runs.live_elsewhere(self.fallback)
         others.pop(runs.claimed(self.directory) or "", None)
         return others
 

@@ -30,7 +30,7 @@ from typing import Any
 from ipycloud.runtime.checkpoint import shared_buffers
 from ipycloud.runtime.checkpoint.background import set_idle
 from ipycloud.runtime.checkpoint.data_file import write_data_file
-from ipycloud.runtime.checkpoint.errors import CheckpointError
+from ipycloud.runtime.checkpoint.errors import CheckpointError, CheckpointStorageError
 from ipycloud.runtime.checkpoint.shared_buffers import SharedHostBuffers
 from ipycloud.runtime.durable import FileDigest, commit_temporary
 
@@ -102,7 +102,7 @@ class WriterProcess:
                 reply = None
             if reply is None:
                 self._forget_child()
-                raise CheckpointError(f"the checkpoint writer process (pid {child.pid}) "
+                raise CheckpointStorageError(f"the checkpoint writer process (pid {child.pid}) "
                                       f"{_exit_description(child)} before {path.name} "
                                       "was written")
         temporary, digest = _outcome(pickle.loads(reply[0]), path)

@@ -58,10 +58,24 @@ def checkpoint_manager(checkpoint: Any) -> Any:
     else:
         raise TypeError("checkpoint must be a folder or a CheckpointManager, not "
                         f"{type(checkpoint).__name__}")
-    if manager.directory.exists() and not manager.directory.is_dir():
+    try:
+        a_file = manager.directory.exists() and not manager.directory.is_dir()
+    except OSError as error:
+        raise unreadable_at_start(manager.directory, error) from error
+    if a_file:
         raise ValueError(f"checkpoint= must be a folder, and {manager.directory} is a file: "
                          "name a folder (made if missing)")
     return manager
+
+
+def unreadable_at_start(directory: Any, error: BaseException) -> Exception:
+    """The error for a checkpoint folder that cannot be read before training starts."""
+    from ipycloud.runtime.checkpoint import CheckpointStorageError
+
+    why = error.strerror if isinstance(error, OSError) and error.strerror else error
+    return CheckpointStorageError(f"cannot read the folder {directory}: {why}: nothing was "
+                                  "trained; rerun once it can be read (a lost Drive mount: "
+                                  "%mount_storage drive --force)")
 
 
 def check_epoch_metric(metric: str, what: str, has_validation: bool,

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ipycloud.runtime._optional import require
-from ipycloud.runtime.checkpoint import auto
+from ipycloud.runtime.checkpoint import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CheckpointStorageError,
+    auto,
+)
+from ipycloud.runtime.checkpoint.resilient import ResilientSaver, resilient_saver
 from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.arguments import (
@@ -24,6 +30,7 @@ from ipycloud.runtime.train.arguments import (
     check_epoch_metric,
     checkpoint_manager,
     checkpoint_seconds,
+    unreadable_at_start,
 )
 from ipycloud.runtime.train.callbacks import Callbacks, early_stopping
 from ipycloud.runtime.train.data import EpochData
@@ -160,11 +167,15 @@ class _Trainer:
         self._interrupt: DeferredInterrupt | None = None
         self._changed: list[str] = []  # settings a resumed checkpoint replaced
         self._notes: list[str] = []  # said before the first step
+        self.saver: ResilientSaver | None = None  # saves around a failing folder
+        self._resumed = False  # whether the run continues from a checkpoint
 
     # -- the run --------------------------------------------------------------------------
 
     def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None, manager: Any,
             resume: bool | str | int, progress: bool) -> History:
+        if manager is not None:
+            self.saver = resilient_saver(manager)
         resumed = self._resume(manager, resume) if manager is not None else None
         self.data = EpochData(train_data, self.seed, *self._rank_and_world())
         if resumed is not None:
@@ -186,9 +197,9 @@ class _Trainer:
                                    "(interrupt again to stop at once)") as self._interrupt:
                 self._train(val_data, manager, bar)
         except BaseException:
-            if manager is not None:  # let the last good checkpoint finish writing
+            if self.saver is not None:  # let the last good checkpoint finish writing
                 with contextlib.suppress(Exception):
-                    manager.wait()
+                    self.saver.wait()
             raise
         finally:
             bar.close()
@@ -209,10 +220,8 @@ class _Trainer:
                 self._pause_if_interrupted(manager, bar)
             self._note_stop(bar)
         self._log(bar)
-        if manager is not None and self._saved_at != self._position():
-            self._save(manager, blocking=True)
-        elif manager is not None:  # the last position is saved already: let it finish
-            self._report_checkpoint(manager.wait())
+        if manager is not None:
+            self._save_last(manager, bar)
 
     def _between_steps(self, manager: Any, bar: Progress) -> None:
         if manager is not None and self._checkpoint_due():
@@ -429,8 +438,7 @@ class _Trainer:
             line = (f"ipycloud.fit: interrupted at step {self.step}; no checkpoint= was given, "
                     "so rerunning this cell starts over (the model keeps what it learned)")
         else:
-            if self._saved_at != self._position():
-                self._save(manager, blocking=True)
+            self._save_last(manager, bar)
             line = f"ipycloud.fit: interrupted at step {self.step}; rerun this cell to continue"
         bar.close()
         print(line, flush=True)
@@ -476,17 +484,40 @@ class _Trainer:
                 if isinstance(value, float) and key != "seconds"}
 
     def _save(self, manager: Any, blocking: bool | Literal["auto"]) -> None:
-        """Save now; ``"auto"`` writes in the background where that costs the loop less."""
+        """Save now; ``"auto"`` writes in the background where that costs the loop less.
+
+        A failing folder never ends the run: the saver writes around it (``resilient``).
+        """
         self._read_losses()  # never checkpoint a NaN unseen (every rank checks)
         self._saved_at, self._last_save = self._position(), time.monotonic()
-        if not self.main:
+        if not self.main or self.saver is None:
             return
-        self._report_checkpoint(manager.wait())  # the previous save, done in the background
-        manager.save(self._state(), self.step, epoch=self.data.epoch,
-                     data_position=self.data.position(), metrics=self._epoch_metrics(),
-                     blocking=blocking)
+        self._report_checkpoint(self.saver.wait())  # the previous save, in the background
+        self.saver.save(self._state(), self.step, epoch=self.data.epoch,
+                        data_position=self.data.position(), metrics=self._epoch_metrics(),
+                        blocking=blocking)
         if blocking is True:
-            self._report_checkpoint(manager.wait())
+            self._report_checkpoint(self.saver.wait())
+
+    def _save_last(self, manager: Any, bar: Progress) -> None:
+        """Save where the run stands unless that is saved (a background save that failed
+        is saved again), then say where the newest checkpoint is. CheckpointError when no
+        checkpoint of the run exists anywhere."""
+        if self._saved_at != self._position():
+            self._save(manager, blocking=True)
+        elif self.main and self.saver is not None:
+            self._report_checkpoint(self.saver.wait())
+            if self.saver.lost is not None:
+                self._save(manager, blocking=True)
+        if not self.main or self.saver is None:
+            return
+        where = self.saver.finish()
+        if where is not None:
+            bar.say(f"ipycloud.fit: {where}")
+        elif not self._resumed:
+            raise CheckpointError(f"no checkpoint of this run could be saved, in "
+                                  f"{manager.directory} or in its fallback folder "
+                                  f"{manager.fallback}: the trained model is only in memory")
 
     def _auto_checkpoint(self, bar: Progress) -> None:
         """Save the ``%checkpoint auto`` objects when due: between steps their state is whole.
@@ -509,7 +540,12 @@ class _Trainer:
     def _resume(self, manager: Any, resume: bool | str | int) -> Any:
         if resume is False:
             return None
-        saved = manager.list() if manager.directory.is_dir() else []
+        try:
+            saved = manager.list()
+        except CheckpointStorageError as error:
+            raise unreadable_at_start(manager.directory, error.__cause__ or error) from error
+        except CheckpointError:  # no folder yet
+            saved = []
         if not saved:
             if resume != "auto":
                 raise ValueError(f"nothing to resume from: no checkpoint in {manager.directory}")
@@ -521,8 +557,6 @@ class _Trainer:
                                f"{manager.directory} belong to a run that another live "
                                f"process ({names}) writes")
             return None
-        from ipycloud.runtime.checkpoint import CheckpointError, CheckpointMismatchError
-
         scheduled = self.scheduler is not None
         before = resuming.hyper_parameters(self.optimizer, scheduled)
         state = self._state()
@@ -535,6 +569,7 @@ class _Trainer:
                                   "checkpoint= folder") from None
         self.history.restore(state["history"])
         self._window = list(state["history"].get("loss_window", []))
+        self._resumed = True
         self._changed = resuming.changed_settings(
             before, resuming.hyper_parameters(self.optimizer, scheduled))
         self.step = info.step

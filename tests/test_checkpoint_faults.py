@@ -1,0 +1,191 @@
+"""Training never dies because storage failed: ``fit`` saving into a real FUSE mount that
+fails as Drive's does (tests/faultfs.py), and into a disk that is really full."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import re
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from checkpoint_helpers import differences
+from faultfs import CHANGING, FaultyMount
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from waiting import wait_for
+
+from ipycloud.runtime.checkpoint import CheckpointManager, CheckpointWarning, manager_for
+from ipycloud.runtime.checkpoint.resilient import resilient_saver
+from ipycloud.runtime.train.loop import fit
+
+STEPS_PER_EPOCH, EPOCHS = 8, 3
+
+
+def data() -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.randn(16 * STEPS_PER_EPOCH, 6, generator=generator)
+    return DataLoader(TensorDataset(inputs, inputs[:, :3].argmax(dim=1)), batch_size=16,
+                      shuffle=True)
+
+
+def train(folder: Path | None, **options: Any) -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    history = fit(model, optimizer, data(), epochs=EPOCHS, checkpoint=folder,
+                  checkpoint_every=4, device="cpu", seed=3, **{"progress": False, **options})
+    return model, history
+
+
+class At:
+    """Does something to the storage after given steps, as a mount dropping out would."""
+
+    def __init__(self, actions: dict[int, Callable[[], object]]) -> None:
+        self.actions = actions
+
+    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        if step in self.actions:
+            self.actions[step]()
+
+
+def told(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(warning.message) for warning in caught
+            if issubclass(warning.category, CheckpointWarning)]
+
+
+FAULTS = {
+    "ENOTCONN": lambda mount: mount.fail(errno.ENOTCONN),
+    "EIO": lambda mount: mount.fail(errno.EIO, ops=["create", "write", "fsync"]),
+    "ENOSPC": lambda mount: mount.fail(errno.ENOSPC, ops=["write"]),
+    "EROFS": lambda mount: mount.fail(errno.EROFS, ops=CHANGING),
+    "vanished": lambda mount: mount.vanish(),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_folder_failing_mid_run_never_ends_it_and_gets_the_newest_back(
+        faulty_mount: FaultyMount, fault: str, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = faulty_mount.path / "checkpoints"
+    whole, _ = train(None)
+    heal = faulty_mount.come_back if fault == "vanished" else faulty_mount.heal
+    saver = resilient_saver(manager_for(folder))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = train(folder, progress=True, callbacks=[At({
+            5: lambda: FAULTS[fault](faulty_mount), 14: heal,
+            17: lambda: wait_for(lambda: not saver.on_fallback, what="the copy back")})])
+    messages = told(caught)
+    assert differences(model.state_dict(), whole.state_dict()) == []  # it trained on
+    assert len(messages) == 3, messages  # the failure once, the move, and the way back
+    first, moved, back = messages
+    assert first.startswith(f"ipycloud: saving into {folder} failed: ")
+    assert "step 8 is saved in " in first and "ipycloud-fallback" in first
+    assert moved.startswith(f"ipycloud: {folder} failed 2 saves in a row; step 12 is saved")
+    assert "later saves go there until" in moved
+    # 12 if the copy of 12 started only once the mount was healed (step 14), else 16
+    assert re.fullmatch(rf"ipycloud: {re.escape(str(folder))} answers again: step (12|16) is "
+                        "copied back into it, and checkpoints go there again", back)
+    last_line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last_line == f"ipycloud.fit: the newest checkpoint is step 24, in {folder}"
+    steps = [info.step for info in CheckpointManager(folder, fallback=None).list()]
+    assert steps == [20, 24, 24]  # after 16 came back the folder took the saves (the last
+    # two are the end of the epoch before and after its end: validation, epoch count)
+    restored = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
+    assert manager_for(folder).load({"model": restored}, strict=False).step == 24
+    assert differences(restored.state_dict(), whole.state_dict()) == []
+
+
+def test_a_folder_that_never_answers_leaves_the_newest_on_this_machine(
+        faulty_mount: FaultyMount, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = faulty_mount.path / "checkpoints"
+    faulty_mount.fail(errno.EROFS, ops=CHANGING)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(folder, progress=True)
+    assert [text.split("; ")[-1] for text in told(caught)] == [
+        f"step 4 is saved in {manager_for(folder).fallback} instead, and training goes on "
+        f"({folder} is tried again at the next save)",
+        f"step 8 is saved in {manager_for(folder).fallback} instead, and training goes on: "
+        f"later saves go there until {folder} answers again (tried after each save)"]
+    fallback = manager_for(folder).fallback
+    assert fallback is not None
+    last_line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last_line.startswith(f"ipycloud.fit: the newest checkpoint is step 24, in "
+                                f"{fallback} on this machine only: {folder} did not take it")
+    assert [info.step for info in CheckpointManager(fallback, fallback=None).list()] == [
+        20, 24, 24]
+    # Rerun with the folder still read-only: it resumes from the newest, wherever it is.
+    _, again = train(folder, progress=True)
+    assert "already complete at step 24" in capsys.readouterr().out
+    assert again.steps[-1]["step"] == 24
+
+
+def test_a_rerun_resumes_from_the_fallback_when_it_holds_the_newest(
+        faulty_mount: FaultyMount) -> None:
+    folder = faulty_mount.path / "checkpoints"
+    whole, _ = train(None)
+    with pytest.warns(CheckpointWarning), pytest.raises(KeyboardInterrupt):
+        train(folder, callbacks=[At({6: lambda: faulty_mount.fail(errno.ENOSPC, ops="write"),
+                                     18: _interrupt})])
+    faulty_mount.heal()
+    with pytest.warns(CheckpointWarning, match=f"{re.escape(str(folder))} answers again"):
+        resumed, history = train(folder)  # from 16, saved in the fallback folder
+    assert differences(resumed.state_dict(), whole.state_dict()) == []
+    assert history.steps[-1]["step"] == 24
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt  # as a second Ctrl-C stops at once, without saving
+
+
+def test_a_run_that_saves_nowhere_is_an_error_after_training(
+        faulty_mount: FaultyMount, scratch: Path) -> None:
+    (scratch / "ipycloud-fallback").write_text("a file where the fallback folder goes")
+    faulty_mount.fail(errno.EROFS, ops=CHANGING)
+    with pytest.warns(CheckpointWarning, match="could not be saved in .* either"), \
+            pytest.raises(Exception, match="no checkpoint of this run could be saved") as caught:
+        train(faulty_mount.path / "checkpoints")
+    assert "the trained model is only in memory" in str(caught.value)
+
+
+def test_a_folder_that_cannot_be_read_at_the_start_trains_nothing(
+        faulty_mount: FaultyMount) -> None:
+    folder = faulty_mount.path / "checkpoints"
+    train(folder)
+    faulty_mount.vanish()
+    seen: list[int] = []
+    with pytest.raises(Exception, match=r"cannot read the folder .*Transport endpoint is not "
+                                        r"connected: nothing was trained") as caught:
+        train(folder, callbacks=[At({1: lambda: seen.append(1)})])
+    assert "\n" not in str(caught.value) and seen == []
+
+
+def fill(disk: Path) -> None:
+    """Write zeros to ``disk`` until it is really full."""
+    with open(disk / "filler", "wb") as filler, contextlib.suppress(OSError):
+        while True:
+            filler.write(bytes(1 << 16))
+            filler.flush()
+
+
+def test_a_really_full_disk_sends_saves_to_the_fallback_and_back(
+        small_tmpfs: Callable[..., Path]) -> None:
+    disk = small_tmpfs("1m")
+    folder = disk / "checkpoints"
+    whole, _ = train(None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = train(folder, callbacks=[At({5: lambda: fill(disk),
+                                                14: (disk / "filler").unlink})])
+    messages = told(caught)
+    assert next(text for text in messages if "failed:" in text).count("No space left") == 1
+    assert any(f"{folder} answers again" in text for text in messages)
+    assert differences(model.state_dict(), whole.state_dict()) == []
+    restored = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
+    assert manager_for(folder).load({"model": restored}, strict=False).directory == folder
+    assert differences(restored.state_dict(), whole.state_dict()) == []
