@@ -126,8 +126,13 @@ class CheckpointManager:
 
     def save(self, state: Mapping[str, Any], step: int, *, epoch: int | None = None,
              data_position: Any = None, metrics: Mapping[str, float] | None = None,
-             tag: str | None = None, blocking: Blocking = True) -> CheckpointInfo | None:
+             tag: str | None = None, blocking: Blocking = True,
+             rng_states: Mapping[str, Any] | None = None) -> CheckpointInfo | None:
         """Save ``state`` (names -> live objects) as the checkpoint of ``step``.
+
+        The random generators' states are recorded as they are now, or as
+        ``rng_states`` gives them (``rng.capture_rng_states()`` taken earlier, for a state
+        that stood still since).
 
         With ``blocking=False`` the state is copied to reused host buffers and written in
         the background at idle CPU priority: by a writer process (Linux, a state in host
@@ -145,7 +150,7 @@ class CheckpointManager:
         checked_metrics = _metrics(metrics)
         position = _json_ready(data_position, "data_position")
         captured = capture(state)
-        rng_states = rng.capture_rng_states()
+        rng_states = rng.capture_rng_states() if rng_states is None else dict(rng_states)
         with self._storage(f"cannot create the folder {self.directory}"):
             self.directory.mkdir(parents=True, exist_ok=True)
         with self._storage(f"cannot read the folder {self.directory}"):

@@ -97,14 +97,15 @@ class ResilientSaver:
                 saved.append(self._fallback_manager.next_step() - 1)
             return max(saved, default=-1) + 1
 
-    def finish(self) -> str | None:
-        """At the end of a run: wait for the saves and the last copy back; one line that
-        says where the newest checkpoint is (None when nothing was saved)."""
+    def finish(self, copy_wait_s: float = FINAL_COPY_WAIT_S) -> str | None:
+        """At the end of a run: wait for the saves, and up to ``copy_wait_s`` for the last
+        copy back; one line that says where the newest checkpoint is (None when nothing
+        was saved)."""
         self.wait()
         if self._on_fallback:
             self._copy_back_later()
         if self._copying is not None:
-            self._copying.join(FINAL_COPY_WAIT_S)
+            self._copying.join(copy_wait_s)
         self._tell_notices()
         newest = self.newest
         if newest is None:

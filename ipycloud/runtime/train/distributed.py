@@ -31,9 +31,10 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing import connection
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.train.device import usable_gpus
+from ipycloud.runtime.train.interrupt import deliver_sigterm
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -142,7 +144,9 @@ def launch(fn: Callable[..., T], *args: Any, nprocs: int | str = "auto",
     ``usable cores // nprocs`` torch threads (at least 1).
 
     If a rank raises or dies, the other ranks are terminated at once and LaunchError names
-    the rank and the error; the rank's traceback is chained as a RemoteTraceback. CUDA
+    the rank and the error; the rank's traceback is chained as a RemoteTraceback. A SIGTERM
+    to this process (the machine going away) is passed on to every rank, so ``fit`` saves
+    in the first; once the ranks have ended, the signal takes its course here too. CUDA
     must not be initialised in this process beforehand (LaunchError says so); note that
     ``torch.cuda.is_available()`` initialises the CUDA driver unless
     PYTORCH_NVML_BASED_CUDA_CHECK=1 is set, and a forked rank then fails to use its GPU.
@@ -153,15 +157,43 @@ def launch(fn: Callable[..., T], *args: Any, nprocs: int | str = "auto",
     context = _fork_context()
     plan = _plan(count, chosen)
     workers: list[_Worker] = []
-    try:
-        for rank in range(plan.nprocs):
-            workers.append(_start(context, rank, plan, fn, args, kwargs))
-        results = _collect(workers, plan.nprocs)
-    except BaseException:
-        _stop(workers, grace=0.0)
-        raise
-    _stop(workers, grace=_EXIT_GRACE_S)
+    with _passing_sigterm_on(workers):
+        try:
+            for rank in range(plan.nprocs):
+                workers.append(_start(context, rank, plan, fn, args, kwargs))
+            results = _collect(workers, plan.nprocs)
+        except BaseException:
+            _stop(workers, grace=0.0)
+            raise
+        _stop(workers, grace=_EXIT_GRACE_S)
     return results
+
+
+@contextlib.contextmanager
+def _passing_sigterm_on(workers: list[_Worker]) -> Iterator[None]:
+    """While the ranks run: a SIGTERM here is sent on to each of them, then delivered to
+    this process's previous handler once they have ended. Nothing where SIGTERM is
+    ignored, or outside the main thread."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):
+        yield
+        return
+    received: list[int] = []
+
+    def pass_on(number: int, frame: Any) -> None:
+        received.append(number)
+        for worker in workers:
+            if worker.process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, pass_on)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            deliver_sigterm(previous)
 
 
 def distributed_info() -> DistributedInfo | None:

@@ -1,10 +1,12 @@
 """Interrupting ``fit`` is a pause: the first Ctrl-C (or the notebook's Stop button) is
-noted and acted on between optimizer steps; a second one interrupts at once."""
+noted and acted on between optimizer steps; a second one interrupts at once. SIGTERM (the
+machine going away: preemption, the end of a session) is a save, then the end."""
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -42,12 +44,75 @@ class DeferredInterrupt:
         print(self.notice, flush=True)
 
 
-class WorkerInit:
-    """A DataLoader ``worker_init_fn`` that lets workers outlive an interrupt of the kernel.
+class Preemption:
+    """While active in the main thread, SIGTERM asks ``fit`` to save where it stands and
+    then lets the signal take its course.
 
-    Jupyter interrupts the kernel's whole process group; a worker that died of it would
-    fail the step ``fit`` finishes before pausing. The loader stops its workers itself.
-    Wraps the loader's own ``worker_init_fn`` (picklable, for workers started by spawn).
+    On SIGTERM, ``save_now()`` is called at once from the handler: it saves and returns
+    True where the live state is that of the last finished step (between epochs, during
+    validation), or returns False, and the loop saves at the next step boundary, where
+    it checks ``requested`` and calls ``end()``. ``end()`` puts the previous handler back
+    and delivers the signal to it: the default ends the process, a Python handler (the
+    session guard's) runs. A SIGTERM ignored before ``fit`` stays ignored, and in a rank
+    other than the first of a process group (``main=False``) it is ignored while ``fit``
+    runs: the first rank saves, and the ranks end with it.
+    """
+
+    def __init__(self, save_now: Callable[[], bool], main: bool = True) -> None:
+        self.requested = False
+        self._save_now = save_now
+        self._main = main
+        self._previous: Any = None
+        self._active = False
+
+    def __enter__(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous != signal.SIG_IGN:
+                self._previous = signal.signal(
+                    signal.SIGTERM, self._on_sigterm if self._main else signal.SIG_IGN)
+                self._active = True
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._active:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._active = False
+
+    def end(self) -> None:
+        """Put the previous handler back and deliver SIGTERM to it (returns only where
+        that handler does: a Python one that lets the process live)."""
+        previous = self._previous
+        self.__exit__(None, None, None)
+        deliver_sigterm(previous)
+
+    def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
+        if self.requested:  # again, during the grace period
+            return
+        self.requested = True
+        if self._save_now():
+            self.end()
+
+
+def deliver_sigterm(handler: Any) -> None:
+    """Deliver SIGTERM to ``handler``, a handler just put back: call it if it is Python's,
+    else raise the signal (the default ends the process)."""
+    if callable(handler):
+        handler(signal.SIGTERM, None)
+    else:
+        signal.raise_signal(signal.SIGTERM)
+
+
+class WorkerInit:
+    """A DataLoader ``worker_init_fn`` that lets workers outlive an interrupt of the kernel
+    and the SIGTERM of a machine going away.
+
+    Jupyter interrupts the kernel's whole process group, and a machine going away sends
+    SIGTERM to every process; a worker that died of either would fail the step ``fit``
+    finishes before saving. The loader stops its workers itself (and they end once the
+    training process is gone). Wraps the loader's own ``worker_init_fn`` (picklable, for
+    workers started by spawn).
     """
 
     def __init__(self, inner: Any) -> None:
@@ -55,5 +120,6 @@ class WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.inner is not None:
             self.inner(worker_id)

@@ -21,8 +21,13 @@ from ipycloud.runtime.checkpoint import (
     CheckpointMismatchError,
     CheckpointStorageError,
     auto,
+    rng,
 )
-from ipycloud.runtime.checkpoint.resilient import ResilientSaver, resilient_saver
+from ipycloud.runtime.checkpoint.resilient import (
+    FINAL_COPY_WAIT_S,
+    ResilientSaver,
+    resilient_saver,
+)
 from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.arguments import (
@@ -36,7 +41,7 @@ from ipycloud.runtime.train.callbacks import Callbacks, early_stopping
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
 from ipycloud.runtime.train.history import History
-from ipycloud.runtime.train.interrupt import DeferredInterrupt
+from ipycloud.runtime.train.interrupt import DeferredInterrupt, Preemption
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
@@ -45,6 +50,11 @@ from ipycloud.runtime.train.xla import OnCpu
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 MAX_SKIPPED_FP16_STEPS = 25
+PREEMPTED_COPY_WAIT_S = 5.0  # at SIGTERM, how long the last copy back may take
+# Where the run stands, for a SIGTERM: in the first three, the live state is that of the
+# last finished step, the random generators' as they were when the phase began.
+STARTING, EPOCH_START, VALIDATING = "starting", "epoch start", "validating"
+FETCHING, TRAINING, SAVING = "fetching", "training", "saving"
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -168,7 +178,12 @@ class _Trainer:
         self._changed: list[str] = []  # settings a resumed checkpoint replaced
         self._notes: list[str] = []  # said before the first step
         self.saver: ResilientSaver | None = None  # saves around a failing folder
+        self.manager: Any = None
         self._resumed = False  # whether the run continues from a checkpoint
+        self._preemption: Preemption | None = None
+        self._bar = Progress(False)  # the run's, once it starts
+        self._phase = STARTING
+        self._rng_states: dict[str, Any] = {}  # as they were when the phase began
 
     # -- the run --------------------------------------------------------------------------
 
@@ -192,10 +207,18 @@ class _Trainer:
         for line in self._first_lines(resumed, val_data):
             bar.say(line)
         bar.start(self._total_steps(), self.step)
+        self.manager, self._bar = manager, bar
+        self._enter(STARTING)
         try:
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
-                                   "(interrupt again to stop at once)") as self._interrupt:
-                self._train(val_data, manager, bar)
+                                   "(interrupt again to stop at once)") as self._interrupt, \
+                    Preemption(self._save_on_sigterm, main=self.main) as self._preemption:
+                try:
+                    self._train(val_data, manager, bar)
+                except Exception:
+                    if self._preemption.requested and self._phase == FETCHING:
+                        self._end_preempted(bar)  # its workers got the SIGTERM too
+                    raise
         except BaseException:
             if self.saver is not None:  # let the last good checkpoint finish writing
                 with contextlib.suppress(Exception):
@@ -236,7 +259,8 @@ class _Trainer:
         Micro-batches left over at the end of the epoch make one last, smaller step.
         """
         self.model.train()
-        batches = self._on_device(self.data.epoch_batches())
+        self._enter(EPOCH_START)  # until the first batch, as the loader starts its workers
+        batches = self._fetched(self._on_device(self.data.epoch_batches()))
         if self.plan.grad_accum == 1:  # the common case, on the shortest path
             for batch in batches:
                 self._train_batch(batch)
@@ -254,6 +278,18 @@ class _Trainer:
                 f" in epoch {self.data.epoch} (an iterator can be read only once: pass a "
                 "DataLoader or a list)" if self.data.epoch else ""))
         self._log(bar)
+
+    def _fetched(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """``batches``, the phase saying when the loop waits for the next one."""
+        iterator = iter(batches)
+        while True:
+            if self._phase != EPOCH_START:
+                self._phase = FETCHING
+            batch = next(iterator, _END)
+            if batch is _END:
+                return
+            self._phase = TRAINING
+            yield batch
 
     def _train_batch(self, batch: Any) -> None:
         """Forward and backward over an optimizer step of one batch."""
@@ -400,10 +436,12 @@ class _Trainer:
         if epoch_steps:
             logs["train_loss"] = sum(epoch_steps) / len(epoch_steps)
         if val_data is not None:
+            self._enter(VALIDATING)
             self.model.eval()
             logs.update(validate(self._forward, self._on_device(val_data), self.plan.metrics,
                                  self.shifted))
             self.model.train()
+            self._phase = TRAINING
         if self._steps_on_metric:
             self.scheduler.step(logs["val_loss" if val_data is not None else "train_loss"])
         logs["seconds"] = round(seconds, 3)
@@ -430,7 +468,10 @@ class _Trainer:
             bar.say(f"ipycloud.fit: {self.history.stopped}")
 
     def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
-        """After an interrupt: save where the run stands, say so, and stop the cell."""
+        """After an interrupt: save where the run stands, say so, and stop the cell; after
+        a SIGTERM, save and let the process end."""
+        if self._preemption is not None and self._preemption.requested:
+            self._end_preempted(bar)
         if self._interrupt is None or not self._interrupt.requested:
             return
         self._read_losses()
@@ -443,6 +484,44 @@ class _Trainer:
         bar.close()
         print(line, flush=True)
         raise KeyboardInterrupt(line)
+
+    # -- SIGTERM ----------------------------------------------------------------------------
+
+    def _enter(self, phase: str) -> None:
+        """Begin a phase in which the live state stands still (see STARTING)."""
+        self._rng_states = rng.capture_rng_states()
+        self._phase = phase
+
+    def _save_on_sigterm(self) -> bool:
+        """From the SIGTERM handler: where the live state is the last finished step's,
+        save it now and return True; otherwise False, and the next step boundary saves."""
+        if self._phase not in (STARTING, EPOCH_START, VALIDATING):
+            return False
+        self._say_preempted(self._bar, rng_states=self._rng_states)
+        return True
+
+    def _end_preempted(self, bar: Progress) -> None:
+        """At a step boundary after a SIGTERM: save, say so, and let the signal end the
+        process."""
+        self._read_losses()
+        line = self._say_preempted(bar, rng_states=None)
+        assert self._preemption is not None
+        self._preemption.end()
+        raise KeyboardInterrupt(line)  # the signal's handler let the process live
+
+    def _say_preempted(self, bar: Progress, rng_states: dict[str, Any] | None) -> str:
+        """Save where the run stands (the generators at ``rng_states``) and say so."""
+        bar.say(f"ipycloud.fit: SIGTERM at step {self.step}: the machine is going away")
+        if self.manager is None:
+            line = (f"ipycloud.fit: stopped at step {self.step}; no checkpoint= was given, so "
+                    "the run is lost with the process")
+        else:
+            self._save_last(self.manager, bar, rng_states=rng_states,
+                            copy_wait_s=PREEMPTED_COPY_WAIT_S)
+            line = f"ipycloud.fit: saved step {self.step}; rerun this cell to continue"
+        bar.close()
+        print(line, flush=True)
+        return line
 
     def _total_steps(self) -> int | None:
         if self.plan.max_steps is not None:
@@ -483,35 +562,44 @@ class _Trainer:
         return {key: value for key, value in logs.items()
                 if isinstance(value, float) and key != "seconds"}
 
-    def _save(self, manager: Any, blocking: bool | Literal["auto"]) -> None:
+    def _save(self, manager: Any, blocking: bool | Literal["auto"],
+              rng_states: dict[str, Any] | None = None) -> None:
         """Save now; ``"auto"`` writes in the background where that costs the loop less.
 
         A failing folder never ends the run: the saver writes around it (``resilient``).
+        ``rng_states``: the generators' states to record, if not as they are now.
         """
         self._read_losses()  # never checkpoint a NaN unseen (every rank checks)
         self._saved_at, self._last_save = self._position(), time.monotonic()
         if not self.main or self.saver is None:
             return
-        self._report_checkpoint(self.saver.wait())  # the previous save, in the background
-        self.saver.save(self._state(), self.step, epoch=self.data.epoch,
-                        data_position=self.data.position(), metrics=self._epoch_metrics(),
-                        blocking=blocking)
-        if blocking is True:
-            self._report_checkpoint(self.saver.wait())
+        phase, self._phase = self._phase, SAVING
+        try:
+            self._report_checkpoint(self.saver.wait())  # the previous, in the background
+            self.saver.save(self._state(), self.step, epoch=self.data.epoch,
+                            data_position=self.data.position(),
+                            metrics=self._epoch_metrics(), blocking=blocking,
+                            rng_states=rng_states)
+            if blocking is True:
+                self._report_checkpoint(self.saver.wait())
+        finally:
+            self._phase = phase
 
-    def _save_last(self, manager: Any, bar: Progress) -> None:
+    def _save_last(self, manager: Any, bar: Progress,
+                   rng_states: dict[str, Any] | None = None,
+                   copy_wait_s: float = FINAL_COPY_WAIT_S) -> None:
         """Save where the run stands unless that is saved (a background save that failed
         is saved again), then say where the newest checkpoint is. CheckpointError when no
         checkpoint of the run exists anywhere."""
         if self._saved_at != self._position():
-            self._save(manager, blocking=True)
+            self._save(manager, blocking=True, rng_states=rng_states)
         elif self.main and self.saver is not None:
             self._report_checkpoint(self.saver.wait())
             if self.saver.lost is not None:
-                self._save(manager, blocking=True)
+                self._save(manager, blocking=True, rng_states=rng_states)
         if not self.main or self.saver is None:
             return
-        where = self.saver.finish()
+        where = self.saver.finish(copy_wait_s)
         if where is not None:
             bar.say(f"ipycloud.fit: {where}")
         elif not self._resumed:
@@ -599,6 +687,9 @@ class _Trainer:
         return (f"ipycloud.fit: already complete at step {self.step} (epoch {self.data.epoch}) "
                 f"in {resumed.name}: {how}returning its history (pass resume=False to train "
                 "again)")
+
+
+_END = object()  # the end of an epoch's batches
 
 
 def _groups(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -1,0 +1,101 @@
+"""SIGTERM (a machine going away) at any moment of ``fit``: the last finished step is saved,
+the process ends by the signal, and the rerun continues bit for bit.
+
+Each run is a fresh interpreter running tests/preempted_training.py, which sends itself a
+real SIGTERM at the chosen moment.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from checkpoint_helpers import differences
+from waiting import wait_for
+
+SCRIPT = Path(__file__).with_name("preempted_training.py")
+TIMEOUT_S = 300
+
+
+def training(folder: Path, out: Path, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(SCRIPT), str(folder), str(out), *options],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished(process: subprocess.Popen[str]) -> tuple[int, str]:
+    out, err = process.communicate(timeout=TIMEOUT_S)
+    return process.returncode, out + err
+
+
+def saved(folder: Path) -> list[tuple[int, int]]:
+    """(step, epoch) of each checkpoint in the folder, in the order they were saved."""
+    manifests = [json.loads(path.read_text()) for path in folder.glob("step-*.json")]
+    return [(manifest["step"], manifest["epoch"])
+            for manifest in sorted(manifests, key=lambda manifest: manifest["sequence"])]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """The final state of the run never interrupted, on one process and under launch."""
+    states = {}
+    for name, options in (("one", ()), ("launch", ("--launch",))):
+        folder = tmp_path_factory.mktemp(f"whole-{name}")
+        code, text = finished(training(folder / "run", folder / "out.pt", *options))
+        assert code == 0, text
+        states[name] = torch.load(folder / "out.pt")
+    return states
+
+
+@pytest.mark.parametrize(("when", "options", "step", "epoch"), [
+    ("first-item", (), 0, 0),
+    ("step:7", (), 7, 0),
+    ("validation:1", (), 24, 1),  # at once: before the epoch's end, validated again
+    ("save:10", (), 10, 0),
+    ("workers:1", ("--workers", "2"), 12, 1),  # at once, as the workers start
+    ("step:13", ("--workers", "2"), 13, 1),
+], ids=["before the first step", "mid-epoch", "during validation", "during a save",
+        "while the loader starts its workers", "with workers"])
+def test_sigterm_saves_the_last_finished_step_and_the_rerun_continues_exactly(
+        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]], when: str,
+        options: tuple[str, ...], step: int, epoch: int) -> None:
+    folder, out = tmp_path / "run", tmp_path / "out.pt"
+    code, text = finished(training(folder, out, "--sigterm", when, *options))
+    assert code == -signal.SIGTERM, text
+    assert f"ipycloud.fit: saved step {step}; rerun this cell to continue" in text
+    assert saved(folder)[-1] == (step, epoch) and not out.exists()
+    code, text = finished(training(folder, out, *options))
+    assert code == 0, text
+    assert differences(torch.load(out), uninterrupted["one"]) == []
+
+
+def test_sigterm_to_a_rank_under_launch_saves_in_the_first(
+        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]]) -> None:
+    """Every rank sends itself SIGTERM after step 9: the first saves, the others go on
+    until it has ended."""
+    folder, out = tmp_path / "run", tmp_path / "out.pt"
+    code, text = finished(training(folder, out, "--launch", "--sigterm", "step:9"))
+    assert code == 1 and "rank 0 of 2 died without reporting: killed by signal SIGTERM" in text
+    assert saved(folder)[-1] == (9, 1)  # 6 steps an epoch on two ranks
+    code, text = finished(training(folder, out, "--launch"))
+    assert code == 0, text
+    assert differences(torch.load(out), uninterrupted["launch"]) == []
+
+
+def test_sigterm_to_the_launching_process_reaches_the_ranks(
+        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]]) -> None:
+    folder, out = tmp_path / "run", tmp_path / "out.pt"
+    launcher = training(folder, out, "--launch")
+    wait_for(lambda: saved(folder), timeout=TIMEOUT_S, what="a first checkpoint")
+    launcher.send_signal(signal.SIGTERM)
+    code, text = finished(launcher)
+    assert code == -signal.SIGTERM, text
+    assert "ipycloud.fit: saved step" in text
+    code, text = finished(training(folder, out, "--launch"))
+    assert code == 0, text
+    assert differences(torch.load(out), uninterrupted["launch"]) == []
