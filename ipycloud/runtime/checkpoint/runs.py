@@ -46,8 +46,8 @@ class Writer:
     notebook: str | None = None
 
     def describe(self) -> str:
-        """``pid 4242 (train.ipynb)``."""
-        return f"pid {self.pid}" + (f" ({self.notebook})" if self.notebook else "")
+        """``pid 4242, train.ipynb``."""
+        return f"pid {self.pid}" + (f", {self.notebook}" if self.notebook else "")
 
 
 def new_run_id() -> str:
