@@ -387,12 +387,13 @@ def test_a_bomb_larger_than_the_disk_is_refused_before_writing(
 
 
 def test_the_default_limit_is_the_free_space_less_a_margin(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     archive = _zeros_zip(tmp_path / "z.zip", 3, MiB)  # 3 MiB of zeros in a few KiB
     _fake_disk(monkeypatch, total=100 * MiB, free=7 * MiB)  # margin: 5% of 100 MiB
     with pytest.raises(ValueError) as err:
-        extract(archive, tmp_path / "out", progress=False)
+        extract(archive, tmp_path / "out")
+    assert "extract z.zip" not in capsys.readouterr().err  # refused before any writing
     message = str(err.value)
     assert "more than 2.0 MiB (2097152 bytes)" in message
     assert "free space" in message and "max_total_bytes=" in message and "\n" not in message
@@ -410,7 +411,7 @@ def test_the_default_limit_counts_whole_blocks_and_free_inodes(
     with pytest.raises(ValueError, match="free space"):
         extract(archive, tmp_path / "out", progress=False)
     _fake_disk(monkeypatch, total=100 * MiB, free=50 * MiB, inodes=10_000, free_inodes=1000)
-    with pytest.raises(ValueError, match="free inodes"):  # 600 + 1 entries, 500 kept free
+    with pytest.raises(ValueError, match="free inodes"):  # 600 members, 500 inodes free
         extract(archive, tmp_path / "out", progress=False)
     assert _siblings(tmp_path) == {"tiny.zip"}
     assert extract(archive, tmp_path / "out", progress=False,
