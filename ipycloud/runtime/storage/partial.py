@@ -90,7 +90,7 @@ class PartFile:
             return 0
         if _own_file(info):
             return info.st_size
-        self._remove_foreign(self.path)
+        self._unlink_name(self.path)
         return 0
 
     def validators(self) -> Validators | None:
@@ -100,11 +100,11 @@ class PartFile:
         except FileNotFoundError:
             return None
         except OSError:  # a symlink (ELOOP) or worse: not ours
-            self._remove_foreign(self.meta)
+            self._unlink_name(self.meta)
             return None
         with os.fdopen(fd, "rb") as fh:
             if not _own_file(os.fstat(fd)):
-                self._remove_foreign(self.meta)
+                self._unlink_name(self.meta)
                 return None
             text = fh.read(_MAX_META + 1)
         try:
@@ -137,11 +137,11 @@ class PartFile:
 
     def remove(self) -> None:
         """Remove the part and its meta (names only; a folder in the way stops us)."""
-        self._remove_foreign(self.path)
-        self._remove_foreign(self.meta)
+        self._unlink_name(self.path)
+        self._unlink_name(self.meta)
 
     @staticmethod
-    def _remove_foreign(path: Path) -> None:
+    def _unlink_name(path: Path) -> None:
         """Unlink ``path`` (the name, not what a link points to); a folder stops us."""
         try:
             path.unlink()
