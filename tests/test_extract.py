@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import random
@@ -11,13 +12,14 @@ import stat
 import tarfile
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from ipycloud.runtime.storage import archive as ar
 from ipycloud.runtime.storage import extract as ex
+from ipycloud.runtime.storage import tar_stream as ts
 from ipycloud.runtime.storage.extract import UnsafeArchiveError, archive_kind, extract
 
 FILES = {"top.txt": b"top\n", "a/b/deep.bin": bytes(range(256)) * 40, "a/mid.txt": b"mid"}
@@ -557,6 +559,31 @@ def _decoded(cls: type[tarfile.TarInfo], block: bytes) -> object:
     return info.get_info(), info.type, info.chksum
 
 
+def test_a_header_blocks_byte_sum() -> None:
+    rng = random.Random(5)
+    blocks = [bytes(512), b"\xff" * 512, b"\x01" + bytes(511), bytes(range(256)) * 2]
+    blocks += [rng.randbytes(512) for _ in range(2000)]
+    blocks += [bytes(rng.choice((0, 255)) for _ in range(512)) for _ in range(200)]
+    assert [ts._byte_sum(block) for block in blocks] == [sum(block) for block in blocks]
+
+
+def test_plain_headers_are_decoded_without_tarfile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocks: list[bytes] = []
+    real = tarfile.TarInfo.frombuf.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type[tarfile.TarInfo], buf: bytes, *args: str) -> tarfile.TarInfo:
+        blocks.append(bytes(buf))
+        return real(cls, buf, *args)  # type: ignore[no-any-return]
+
+    data = _make_tar(tmp_path / "plain.tar").read_bytes()
+    monkeypatch.setattr(tarfile.TarInfo, "frombuf", classmethod(counting))
+    names = [info.name for info in ts.TarStream(io.BufferedReader(io.BytesIO(data)))]
+    assert names == ["a", *FILES]
+    assert blocks == [bytes(512)]  # tarfile decoded only the end of the archive
+
+
 def test_tar_headers_decode_as_tarfile_decodes_them(tmp_path: Path) -> None:
     blocks = _headers(tmp_path)
     rng = random.Random(20240611)
@@ -571,4 +598,82 @@ def test_tar_headers_decode_as_tarfile_decodes_them(tmp_path: Path) -> None:
             block[148:156] = b"%06o\x00 " % (sum(block) & 0o777777)
         mutated.append(bytes(block))
     for block in blocks + mutated:
-        assert _decoded(ar._TarHeader, block) == _decoded(tarfile.TarInfo, block), block
+        assert _decoded(ts.TarHeader, block) == _decoded(tarfile.TarInfo, block), block
+
+
+# -- a tar read in one pass as tarfile reads it -----------------------------------------------
+
+def _negative_size(name: str) -> bytes:
+    """A header whose size field says -1, as tarfile reads it."""
+    header = bytearray(tarfile.TarInfo(name).tobuf(tarfile.USTAR_FORMAT))
+    header[124:136] = b"-0000000001\0"
+    header[148:156] = b"%06o\0 " % (sum(header[:148]) + 256 + sum(header[156:]))
+    return bytes(header)
+
+
+def test_a_negative_size_is_refused(tmp_path: Path) -> None:
+    archive = tmp_path / "negative.tar"
+    archive.write_bytes(_negative_size("negative.bin") + _make_tar(tmp_path / "t.tar").read_bytes())
+    report = extract(archive, tmp_path / "out", progress=False)
+    assert report.refused == ("negative.bin: negative size -1",)
+    _assert_round_trip(tmp_path / "out")
+
+
+def _archive_corpus(tmp_path: Path) -> list[bytes]:
+    """Archives of every format and shape: plain runs, pax and GNU records in the middle,
+    sparse members, an early end, trailing garbage, a cut, damaged headers."""
+    rng = random.Random(20240612)
+    corpus = []
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tf:
+            for index in range(12):
+                _tar_add(tf, f"d{index % 3}/f{index}.bin", rng.randbytes(rng.randint(0, 1500)))
+            _tar_add(tf, "d0", type=tarfile.DIRTYPE, mode=0o755)
+            _tar_add(tf, "link", type=tarfile.SYMTYPE, linkname="d0/f0.bin", size=7)
+            _tar_add(tf, "fifo", type=tarfile.FIFOTYPE, size=3)  # no data follows either
+            if fmt != tarfile.USTAR_FORMAT:
+                _tar_add(tf, "x" * 150 + "/long.bin", b"after a long-name record")
+                _tar_add(tf, "ü.txt", b"a pax record in pax format")
+                _tar_add(tf, "after.bin", b"read by tarfile, after the hand-over")
+        corpus.append(buffer.getvalue())
+    corpus.append(gzip.decompress(_sparse_bomb(tmp_path / "sparse.tar.gz", 5000).read_bytes()))
+    plain = corpus[0]
+    corpus += [_negative_size("negative.bin") + plain,
+               plain[:4096] + bytes(1024) + plain[4096:],  # an end block in the middle
+               plain + b"trailing garbage" * 100,
+               plain[: len(plain) // 2],  # cut mid-member
+               plain[:2560]]
+    for _ in range(60):  # damaged headers and data, anywhere
+        damaged = bytearray(rng.choice(corpus[:3]))
+        for _ in range(rng.randint(1, 4)):
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+        corpus.append(bytes(damaged))
+    return corpus
+
+
+def _read_all(members: Iterator[tarfile.TarInfo], data: Callable[[tarfile.TarInfo], bytes]
+              ) -> list[object]:
+    """What reading yields, member by member, up to the failure that ends it (if any); the
+    data of every other regular member is left unread (skipped)."""
+    seen: list[object] = []
+    try:
+        for number, info in enumerate(members):
+            content = data(info) if info.isreg() and number % 2 else None
+            seen.append((info.get_info(), info.type, info.offset, info.offset_data,
+                         info.sparse, content))
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        seen.append(type(exc).__name__)
+    return seen
+
+
+def test_the_stream_reads_every_archive_as_tarfile_does(tmp_path: Path) -> None:
+    for number, archive in enumerate(_archive_corpus(tmp_path)):
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tf:
+                expected = _read_all(iter(tf), lambda i, tf=tf: tf.extractfile(i).read())
+        except tarfile.ReadError:
+            expected = ["ReadError"]  # not a tar from its first block: nothing read
+        stream = ts.TarStream(io.BufferedReader(io.BytesIO(archive)))
+        got = _read_all(iter(stream), lambda i, s=stream: b"".join(map(bytes, s.chunks(i))))
+        assert got == expected, f"archive {number}"

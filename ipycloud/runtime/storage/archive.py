@@ -1,11 +1,9 @@
 """Reading zip and tar archives as one stream of members, in a single pass.
 
 A tar (compressed or not) is read front to back once: each member's header, then its bytes,
-never seeking back. tarfile reads the headers (long names, pax records, sparse maps); the
-512-byte header blocks themselves are decoded by ``_TarHeader``, a faster equivalent of
-tarfile's own decoding that hands it every block out of the ordinary. A zip's central
-directory lists every member and its declared size before any byte is read (``listed``).
-Read errors become one-line ValueErrors.
+never seeking back (see ``tar_stream``). A zip's central directory lists every member and
+its declared size before any byte is read (``listed``). Read errors become one-line
+ValueErrors.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import io
 import lzma
 import os
 import stat
-import struct
 import tarfile
 import zipfile
 import zlib
@@ -25,13 +22,13 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.storage.tar_stream import TarStream
 
 _CHUNK = 1 << 20
 _MAX_LINK_TEXT = 4096
-_BLOCK = tarfile.BLOCKSIZE
 _COMPRESSED_MAGIC = (
     (b"\x1f\x8b", "tar.gz"),
     (b"BZh", "tar.bz2"),
@@ -149,101 +146,21 @@ class _ZipSource(ArchiveSource):
                 yield chunk
 
 
-class _TarHeader(tarfile.TarInfo):
-    """A TarInfo decoded from a plain header block in a third of tarfile's time.
-
-    tarfile takes this class through its documented ``tarinfo`` argument. A block with
-    octal numbers, a name, a checksum that unsigned arithmetic matches and no old-GNU
-    sparse map is decoded here, field by field as tarfile does; any other block (an
-    end-of-archive block, base-256 numbers, a bad or signed checksum, a sparse map) goes to
-    tarfile's own decoding, which accepts or rejects it.
-    """
-
-    __slots__ = ()
-    _LAYOUT = struct.Struct("100s8s8s8s12s12s8sc100s8x32s32s8s8s155s12x")
-
-    @classmethod
-    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> _TarHeader:
-        if len(buf) != _BLOCK or not buf[0] or buf[156:157] == tarfile.GNUTYPE_SPARSE:
-            return super().frombuf(buf, encoding, errors)
-        (name, mode, uid, gid, size, mtime, chksum, kind, linkname, uname, gname,
-         major, minor, prefix) = cls._LAYOUT.unpack(buf)
-        try:
-            numbers = (_octal(mode), _octal(uid), _octal(gid), _octal(size), _octal(mtime),
-                       _octal(chksum), _octal(major), _octal(minor))
-        except ValueError:
-            return super().frombuf(buf, encoding, errors)
-        if numbers[5] != sum(buf) - sum(buf[148:156]) + 8 * 32:  # the field counted as spaces
-            return super().frombuf(buf, encoding, errors)
-        info = cls()
-        (info.mode, info.uid, info.gid, info.size, info.mtime, info.chksum,
-         info.devmajor, info.devminor) = numbers
-        info.type = kind
-        info.name = name.partition(b"\0")[0].decode(encoding, errors)
-        info.linkname = linkname.partition(b"\0")[0].decode(encoding, errors)
-        info.uname = uname.partition(b"\0")[0].decode(encoding, errors)
-        info.gname = gname.partition(b"\0")[0].decode(encoding, errors)
-        head = prefix.partition(b"\0")[0].decode(encoding, errors)
-        if kind == tarfile.AREGTYPE and info.name.endswith("/"):
-            info.type = tarfile.DIRTYPE  # a V7 folder
-        if info.isdir():
-            info.name = info.name.rstrip("/")
-        if head and info.type not in tarfile.GNU_TYPES:
-            info.name = f"{head}/{info.name}"  # a ustar long name
-        return info
-
-
-def _octal(field: bytes) -> int:
-    """A header number as tarfile reads it: octal digits up to the first NUL."""
-    return int(field.partition(b"\0")[0] or b"0", 8)
-
-
 class _TarSource(ArchiveSource):
-    def __init__(self, path: Path, tf: tarfile.TarFile, raw: io.BufferedReader,
-                 stream: io.BufferedIOBase) -> None:
+    def __init__(self, path: Path, raw: BinaryIO, stream: io.BufferedIOBase | BinaryIO) -> None:
         super().__init__(path)
-        self.tf = tf
         self.raw = raw  # the archive file, compressed or not
-        self.stream = stream  # the tar stream, decompressed
+        self.tar = TarStream(stream)
 
     def members(self) -> Iterator[Member]:
-        while True:
-            try:
-                info = self.tf.next()
-            except READ_ERRORS as exc:
-                raise self.corrupt(exc) from exc
-            if info is None:
-                return
-            yield _tar_member(info)
+        try:
+            for info in self.tar:
+                yield _tar_member(info)
+        except READ_ERRORS as exc:  # raised here by reading: the consumer's errors stay there
+            raise self.corrupt(exc) from exc
 
     def chunks(self, member: Member) -> Iterator[bytes | memoryview]:
-        info: tarfile.TarInfo = member.handle
-        if info.sparse is not None:  # holes to fill: tarfile's reader knows where
-            return self._sparse_chunks(info)
-        self.stream.seek(info.offset_data)
-        if info.size <= _CHUNK:  # most members: one read, padding included
-            return iter((self._read(info, info.size, -info.size % _BLOCK),))
-        return self._large_chunks(info)
-
-    def _read(self, info: tarfile.TarInfo, size: int, padding: int) -> bytes | memoryview:
-        """``size`` bytes of data, reading on over ``padding`` to the next header."""
-        data = self.stream.read(size + padding)
-        if len(data) != size + padding:
-            raise tarfile.ReadError(f"unexpected end of data in {info.name}")
-        return memoryview(data)[:size] if padding else data
-
-    def _large_chunks(self, info: tarfile.TarInfo) -> Iterator[bytes | memoryview]:
-        left = info.size
-        while left > _CHUNK:
-            yield self._read(info, _CHUNK, 0)
-            left -= _CHUNK
-        yield self._read(info, left, -info.size % _BLOCK)
-
-    def _sparse_chunks(self, info: tarfile.TarInfo) -> Iterator[bytes]:
-        reader = self.tf.extractfile(info)
-        assert reader is not None  # a regular member
-        while chunk := reader.read(_CHUNK):
-            yield chunk
+        return self.tar.chunks(member.handle)
 
     def read_position(self) -> int:
         return self.raw.tell()
@@ -262,7 +179,7 @@ class _TarSource(ArchiveSource):
 def _tar_member(info: tarfile.TarInfo) -> Member:
     """Our view of a TarInfo."""
     mode = stat.S_IMODE(info.mode)
-    if info.isreg():
+    if info.isreg() and info.size >= 0:
         return Member(info.name, "file", info.size, mode, handle=info)
     if info.isdir():
         return Member(info.name, "dir", 0, mode, handle=info)
@@ -273,10 +190,12 @@ def _tar_member(info: tarfile.TarInfo) -> Member:
     reason = "device member" if info.ischr() or info.isblk() else "unsupported member type"
     if info.isfifo():
         reason = "FIFO member"
+    if info.isreg():
+        reason = f"negative size {info.size}"
     return Member(info.name, "special", 0, mode, reason=reason, handle=info)
 
 
-def _decompressed(raw: io.BufferedReader, kind: str) -> io.BufferedIOBase:
+def _decompressed(raw: BinaryIO, kind: str) -> io.BufferedIOBase | BinaryIO:
     """The tar stream inside the archive file ``raw`` of ``archive_kind``."""
     if kind == "tar.gz":
         return gzip.GzipFile(fileobj=raw)
@@ -291,16 +210,15 @@ def _decompressed(raw: io.BufferedReader, kind: str) -> io.BufferedIOBase:
 def open_archive(path: Path, kind: str) -> Iterator[ArchiveSource]:
     """The archive (of ``archive_kind``) opened as an ArchiveSource, closed afterwards."""
     with ExitStack() as opened:
-        raw = opened.enter_context(open(path, "rb"))
+        raw = opened.enter_context(io.BufferedReader(io.FileIO(path), buffer_size=_CHUNK))
         source: ArchiveSource
         try:
             if kind == "zip":
                 source = _ZipSource(path, opened.enter_context(zipfile.ZipFile(raw)))
             else:
-                stream = opened.enter_context(_decompressed(raw, kind))
-                tf = opened.enter_context(
-                    tarfile.open(fileobj=stream, mode="r:", tarinfo=_TarHeader))
-                source = _TarSource(path, tf, raw, stream)
+                stream = _decompressed(raw, kind)
+                opened.callback(stream.close)
+                source = _TarSource(path, raw, stream)
         except READ_ERRORS as exc:
             raise ValueError(f"{path}: not a readable {kind} archive ({one_line(exc)})") from exc
         yield source
