@@ -643,7 +643,11 @@ def _archive_corpus(tmp_path: Path) -> list[bytes]:
                plain[:4096] + bytes(1024) + plain[4096:],  # an end block in the middle
                plain + b"trailing garbage" * 100,
                plain[: len(plain) // 2],  # cut mid-member
+               plain[:600],  # cut in the data of the first member, which is skipped
                plain[:2560]]
+    with tarfile.open(fileobj=io.BytesIO(plain)) as tf:  # cut in the padding of a member read
+        member = next(m for i, m in enumerate(tf) if i % 2 and m.size % 512 not in (0, 511))
+    corpus.append(plain[: member.offset_data + member.size + 1])
     for _ in range(60):  # damaged headers and data, anywhere
         damaged = bytearray(rng.choice(corpus[:3]))
         for _ in range(rng.randint(1, 4)):

@@ -169,10 +169,16 @@ class TarStream:
             end = info.offset_data + (_padded(info.size) if info.isreg() else 0)
             yield info
             if self.position != end:  # its data was not read: skip it
-                self.stream.seek(end - self.position, io.SEEK_CUR)
-                self.position = end
+                self._skip_to(end)
         assert self.tarfile is not None
         yield from self.tarfile
+
+    def _skip_to(self, end: int) -> None:
+        """Go on to ``end``; as tarfile does, its last byte must be there."""
+        self.stream.seek(end - self.position - 1, io.SEEK_CUR)
+        if not self.stream.read(1):
+            raise tarfile.ReadError("unexpected end of data")
+        self.position = end
 
     def _hand_over(self, block: bytes, offset: int) -> None:
         assert not isinstance(self.stream, _Replay)  # handed over once
@@ -193,12 +199,13 @@ class TarStream:
         return self._large_chunks(info)
 
     def _read(self, info: tarfile.TarInfo, size: int, padding: int) -> bytes | memoryview:
-        """``size`` bytes of data, reading on over ``padding`` to the next header."""
+        """``size`` bytes of data, reading on over ``padding`` to the next header (a cut
+        there is found, as tarfile finds it, on the way to the next header)."""
         data = self.stream.read(size + padding)
         self.position += len(data)
-        if len(data) != size + padding:
+        if len(data) < size:
             raise tarfile.ReadError(f"unexpected end of data in {info.name}")
-        return memoryview(data)[:size] if padding else data
+        return memoryview(data)[:size] if len(data) > size else data
 
     def _large_chunks(self, info: tarfile.TarInfo) -> Iterator[bytes | memoryview]:
         left = info.size
