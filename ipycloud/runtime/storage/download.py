@@ -220,8 +220,8 @@ class _Job:
         elif self.resume_point(self.name)[0]:
             hint = "rerun to resume from the .part file"
         else:
-            hint = ("the server gives no ETag or Last-Modified to resume by: rerun with "
-                    "sha256= to resume, or rerun to start over")
+            hint = ("the server gives no ETag or Last-Modified to resume by: give the "
+                    "file's SHA-256 to resume, or rerun to start over")
         return self.fail(f"failed after {attempts} attempts ({reason}); "
                          f"fetched {have}{of} bytes; {hint}")
 
