@@ -78,10 +78,11 @@ class StorageMagics(Magics):
 
         Cloud notebook disks vanish with the session. This finds (on Colab: mounts) the
         storage that lasts and makes a project folder in it with data/, models/,
-        checkpoints/, logs/ and outputs/. Downloads resume after a dropped connection,
-        are verified against the given checksum and appear only when complete. Archives
-        are extracted without letting any member escape the target. Sync copies only what
-        changed, atomically, and deletes nothing unless asked.
+        checkpoints/, logs/ and outputs/. Downloads resume after a dropped connection
+        (when the server shows the file has not changed, or a checksum will tell), are
+        verified against the given checksum and appear only when complete. Archives are
+        extracted without letting any member escape the target or fill the disk. Sync
+        copies only what changed, atomically, and deletes nothing unless asked.
 
         Examples
         --------
