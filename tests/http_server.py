@@ -2,18 +2,24 @@
 
 Use the ``http_server`` fixture (``from http_server import http_server``): it yields a
 ``LoopbackServer`` with ``.url(path)``, ``.add(path, data, **faults)`` and a ``.requests``
-log, and shuts the server down after the test.
+log, and shuts the server down after the test. A file can change between requests
+(``Served.change``, or ``then=`` once a response has been cut), and can carry the
+validators a resumed download needs (``etag=``, ``last_modified=``), honouring ``If-Range``
+the way RFC 9110 says unless told not to.
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
+import hashlib
 import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
 
 import pytest
 
@@ -27,6 +33,12 @@ class Served:
     file to a Range request. corrupt: serve bytes that differ from ``data`` (same size).
     status: answer every request with this error status (e.g. 404, 503).
     disposition: a Content-Disposition header value.
+    then: the file's new content once a response has been cut (it changed on the server
+    while the client was away). etag: send a "strong" or "weak" ETag, which changes with the
+    content. last_modified: send a Last-Modified date, one hour later at each change.
+    ignore_if_range: answer a Range as if ``If-Range`` had not been sent (a server that
+    does not implement it); otherwise a Range whose If-Range does not match the current
+    strong ETag or Last-Modified gets the whole file with 200.
     """
 
     data: bytes
@@ -36,7 +48,37 @@ class Served:
     corrupt: bool = False
     status: int | None = None
     disposition: str | None = None
+    then: bytes | None = None
+    etag: Literal["strong", "weak"] | None = None
+    last_modified: bool = False
+    ignore_if_range: bool = False
     drops: int = 0
+    version: int = 0
+
+    def change(self, data: bytes) -> None:
+        """Give the file new content (a new version, with new validators)."""
+        self.data = data
+        self.version += 1
+
+    def validators(self) -> dict[str, str]:
+        """The ETag and Last-Modified headers this version is served with."""
+        headers = {}
+        if self.etag is not None:
+            tag = f'"v{self.version}-{hashlib.sha256(self.body()).hexdigest()[:16]}"'
+            headers["ETag"] = tag if self.etag == "strong" else f"W/{tag}"
+        if self.last_modified:
+            when = 1_704_067_200 + 3600 * self.version  # 2024-01-01 00:00 UTC, then hourly
+            headers["Last-Modified"] = email.utils.formatdate(when, usegmt=True)
+        return headers
+
+    def honours_range(self, if_range: str | None) -> bool:
+        """Whether a Range request with this If-Range value gets a part (206)."""
+        if self.ignore_range:
+            return False
+        if if_range is None or self.ignore_if_range:
+            return True
+        strong = {v for k, v in self.validators().items() if not v.startswith("W/")}
+        return if_range in strong
 
     def body(self) -> bytes:
         """The bytes actually served."""
@@ -50,6 +92,12 @@ class Served:
             return None
         self.drops += 1
         return self.drop_after
+
+    def after_drop(self) -> None:
+        """Apply ``then`` once the first response has been cut."""
+        if self.then is not None:
+            self.change(self.then)
+            self.then = None
 
 
 @dataclass
@@ -118,10 +166,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(code)
             self.log(code, 0)
             return
-        body = served.body()
         rng = self.headers.get("Range")
+        with self.server.lock:
+            body, validators = served.body(), served.validators()
+            partial = served.honours_range(self.headers.get("If-Range"))
+            if limit is not None:
+                served.after_drop()  # the next request sees the new version
         start, end, code = 0, len(body) - 1, 200
-        if rng and not served.ignore_range:
+        if rng and partial:
             bounds = _parse_range(rng, len(body))
             if bounds is None:
                 self.send_response(416)
@@ -139,6 +191,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end}/{len(body)}")
         if served.disposition:
             self.send_header("Content-Disposition", served.disposition)
+        for name, value in validators.items():
+            self.send_header(name, value)
         self.end_headers()
         self.log(code, 0 if head else self.send_body(payload, limit))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import pytest
-from http_server import LoopbackServer
+from http_server import LoopbackServer, Served
 
 from ipycloud.runtime.storage import download as dl
 from ipycloud.runtime.storage.download import DownloadError, download
@@ -54,7 +54,7 @@ def test_dropped_connection_resumes_without_refetching(
 def test_always_dropping_gives_up_with_resume_hint(
     http_server: LoopbackServer, tmp_path: Path
 ) -> None:
-    http_server.add("d.bin", DATA, drop_after=50_000, drop_always=True)
+    http_server.add("d.bin", DATA, drop_after=50_000, drop_always=True, etag="strong")
     with pytest.raises(DownloadError) as err:
         download(http_server.url("d.bin"), tmp_path, retries=2, progress=False)
     msg = str(err.value)
@@ -62,6 +62,18 @@ def test_always_dropping_gives_up_with_resume_hint(
     assert f"fetched 150000 of {len(DATA)} bytes" in msg and "resume" in msg
     assert (tmp_path / "d.bin.part").stat().st_size == 150_000
     assert not (tmp_path / "d.bin").exists()
+
+
+def test_always_dropping_without_validators_says_how_to_resume(
+    http_server: LoopbackServer, tmp_path: Path
+) -> None:
+    http_server.add("d.bin", DATA, drop_after=50_000, drop_always=True)
+    with pytest.raises(DownloadError) as err:
+        download(http_server.url("d.bin"), tmp_path, retries=2, progress=False)
+    msg = str(err.value)
+    assert f"fetched 50000 of {len(DATA)} bytes" in msg  # each retry started over
+    assert "no ETag or Last-Modified" in msg and "SHA-256 to resume" in msg and "\n" not in msg
+    assert [get[0] for get in _gets(http_server)] == [None, None, None]
 
 
 def test_existing_part_is_resumed(http_server: LoopbackServer, tmp_path: Path) -> None:
@@ -91,7 +103,7 @@ def test_server_ignoring_range_restarts_cleanly(
 ) -> None:
     http_server.add("r.bin", DATA, ignore_range=True)
     (tmp_path / "r.bin.part").write_bytes(b"x" * 5000)  # would corrupt if appended to
-    res = download(http_server.url("r.bin"), tmp_path, progress=False)
+    res = download(http_server.url("r.bin"), tmp_path, sha256=SHA, progress=False)
     assert res.path.read_bytes() == DATA
     assert res.resumed_from == 0 and res.sha256 == SHA
     assert _gets(http_server) == [("bytes=5000-", 200, len(DATA))]
@@ -263,3 +275,154 @@ def test_default_dest_is_cwd(
     http_server.add("cwd.bin", DATA)
     res = download(http_server.url("cwd.bin"), progress=False)
     assert res.path == tmp_path / "cwd.bin" and res.path.read_bytes() == DATA
+
+
+# -- resuming only the same file ------------------------------------------------------------
+
+NEW = bytes(reversed(DATA))  # the file as changed on the server: same size, other bytes
+NEW_SHA = hashlib.sha256(NEW).hexdigest()
+
+
+def _interrupted(server: LoopbackServer, folder: Path, name: str, **faults: object) -> Served:
+    """Serve DATA at ``name``, cut after 100,000 bytes; download until the cut, no retry."""
+    served = server.add(name, DATA, drop_after=100_000, **faults)
+    with pytest.raises(DownloadError, match="failed after 1 attempts"):
+        download(server.url(name), folder, retries=0, progress=False)
+    assert (folder / f"{name}.part").stat().st_size == 100_000
+    return served
+
+
+def test_a_file_changed_without_validators_is_fetched_again_whole(
+    http_server: LoopbackServer, tmp_path: Path
+) -> None:
+    served = _interrupted(http_server, tmp_path, "c.bin")
+    served.change(NEW)
+    res = download(http_server.url("c.bin"), tmp_path, progress=False)
+    assert res.path.read_bytes() == NEW and res.resumed_from == 0
+    assert _gets(http_server)[-1] == (None, 200, len(NEW))
+
+
+def test_a_file_changed_during_the_retries_is_not_spliced(
+    http_server: LoopbackServer, tmp_path: Path
+) -> None:
+    http_server.add("c.bin", DATA, drop_after=100_000, then=NEW)
+    res = download(http_server.url("c.bin"), tmp_path, progress=False)
+    assert res.path.read_bytes() == NEW and res.resumed_from == 0
+    assert _gets(http_server) == [(None, 200, 100_000), (None, 200, len(NEW))]
+
+
+@pytest.mark.parametrize("validator", [{"etag": "strong"}, {"last_modified": True},
+                                       {"etag": "strong", "last_modified": True}])
+def test_the_same_file_is_resumed_with_if_range(
+    http_server: LoopbackServer, tmp_path: Path, validator: dict[str, object]
+) -> None:
+    served = _interrupted(http_server, tmp_path, "v.bin", **validator)
+    res = download(http_server.url("v.bin"), tmp_path, progress=False)
+    assert res.path.read_bytes() == DATA and res.resumed_from == 100_000
+    first, second = [r for r in http_server.requests if r.method == "GET"]
+    sent = served.validators()
+    assert second.headers["If-Range"] == sent.get("ETag", sent.get("Last-Modified"))
+    assert (second.range, second.status) == ("bytes=100000-", 206)
+    assert "If-Range" not in first.headers
+    assert not (tmp_path / "v.bin.part").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v.bin"]
+
+
+@pytest.mark.parametrize("validator", [{"etag": "strong"}, {"last_modified": True}])
+def test_a_changed_file_answered_200_to_if_range_starts_over(
+    http_server: LoopbackServer, tmp_path: Path, validator: dict[str, object]
+) -> None:
+    served = _interrupted(http_server, tmp_path, "v.bin", **validator)
+    served.change(NEW)
+    res = download(http_server.url("v.bin"), tmp_path, progress=False)
+    assert res.path.read_bytes() == NEW and res.resumed_from == 0
+    assert _gets(http_server)[-1] == ("bytes=100000-", 200, len(NEW))
+
+
+def test_a_weak_etag_is_no_proof(http_server: LoopbackServer, tmp_path: Path) -> None:
+    _interrupted(http_server, tmp_path, "w.bin", etag="weak")
+    res = download(http_server.url("w.bin"), tmp_path, progress=False)
+    assert res.path.read_bytes() == DATA and res.resumed_from == 0
+    assert "If-Range" not in http_server.requests[-1].headers
+    assert _gets(http_server)[-1] == (None, 200, len(DATA))
+
+
+def test_a_server_ignoring_if_range_is_caught_by_the_new_etag(
+    http_server: LoopbackServer, tmp_path: Path
+) -> None:
+    served = _interrupted(http_server, tmp_path, "i.bin", etag="strong", ignore_if_range=True)
+    served.change(NEW)
+    res = download(http_server.url("i.bin"), tmp_path, progress=False)
+    assert res.path.read_bytes() == NEW and res.resumed_from == 0
+    assert [(r.range, r.status) for r in http_server.requests[1:]] == [
+        ("bytes=100000-", 206), (None, 200)]
+
+
+def test_a_resume_failing_the_checksum_is_fetched_again_whole(
+    http_server: LoopbackServer, tmp_path: Path
+) -> None:
+    served = _interrupted(http_server, tmp_path, "s.bin")
+    served.change(NEW)
+    res = download(http_server.url("s.bin"), tmp_path, sha256=NEW_SHA, progress=False)
+    assert res.path.read_bytes() == NEW and res.resumed_from == 0
+    assert _gets(http_server)[1:] == [("bytes=100000-", 206, len(NEW) - 100_000),
+                                      (None, 200, len(NEW))]
+
+
+# -- nothing written through a planted part ---------------------------------------------------
+
+@pytest.mark.parametrize("suffix", [".part", ".part.meta"])
+def test_a_planted_symlink_is_removed_not_followed(
+    http_server: LoopbackServer, tmp_path: Path, suffix: str
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_bytes(b"precious")
+    folder = tmp_path / "dl"
+    folder.mkdir()
+    (folder / f"l.bin{suffix}").symlink_to(victim)
+    (folder / "m.bin.part").symlink_to(outside / "created")  # a dangling link
+    for name in ("l.bin", "m.bin"):  # a checksum: a part of ours would be resumed
+        http_server.add(name, DATA, etag="strong")
+        res = download(http_server.url(name), folder, sha256=SHA, progress=False)
+        assert res.path.read_bytes() == DATA and res.resumed_from == 0
+    assert victim.read_bytes() == b"precious"
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+    assert sorted(p.name for p in folder.iterdir()) == ["l.bin", "m.bin"]
+
+
+def test_a_planted_hard_link_is_unlinked_not_written(
+    http_server: LoopbackServer, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    folder = tmp_path / "dl"
+    folder.mkdir()
+    os.link(victim, folder / "h.bin.part")
+    http_server.add("h.bin", DATA)
+    res = download(http_server.url("h.bin"), folder, sha256=SHA, progress=False)
+    assert res.path.read_bytes() == DATA and res.resumed_from == 0
+    assert victim.read_bytes() == b"precious" and victim.stat().st_nlink == 1
+
+
+@pytest.mark.timeout(20)
+def test_a_planted_fifo_is_removed(http_server: LoopbackServer, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "f.bin.part")
+    http_server.add("f.bin", DATA)
+    res = download(http_server.url("f.bin"), tmp_path, sha256=SHA, progress=False)
+    assert res.path.read_bytes() == DATA
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+
+def test_a_folder_named_like_the_part_is_left_alone(
+    http_server: LoopbackServer, tmp_path: Path
+) -> None:
+    (tmp_path / "d.bin.part").mkdir()
+    (tmp_path / "d.bin.part" / "mine.txt").write_bytes(b"mine")
+    http_server.add("d.bin", DATA)
+    with pytest.raises(DownloadError, match=r"d\.bin\.part is a folder") as err:
+        download(http_server.url("d.bin"), tmp_path, progress=False)
+    assert "\n" not in str(err.value)
+    assert (tmp_path / "d.bin.part" / "mine.txt").read_bytes() == b"mine"
+    assert http_server.requests == []

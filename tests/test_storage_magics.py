@@ -203,6 +203,23 @@ def test_extract_refuses_a_download_that_is_no_archive(
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
+def test_extraction_limit_is_an_option_named_in_its_error(
+        shell, tmp_path: Path, http_server: LoopbackServer) -> None:
+    http_server.add("/zeros.tar.gz", tarball({"zeros.bin": bytes(5000)}))
+    url = http_server.url("/zeros.tar.gz")
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("mount_storage", f'download {url} --dest "{tmp_path}/my data" '
+                                              "--extract --max-total-bytes 4KiB")
+    message = str(caught.value)
+    assert "more than 4.0 KiB (4096 bytes)" in message and "--max-total-bytes" in message
+    assert "max_total_bytes=" not in message and "\n" not in message
+    assert [p.name for p in (tmp_path / "my data").iterdir()] == ["zeros.tar.gz"]
+    notice = shell.run_line_magic("mount_storage", f'download {url} --dest "{tmp_path}/my data" '
+                                                   "--extract --max-total-bytes 1M")
+    assert "extracted 1 files into" in str(notice)
+    assert (tmp_path / "my data/zeros/zeros.bin").read_bytes() == bytes(5000)
+
+
 @pytest.mark.parametrize(("line", "message"), [
     ("s3", "invalid choice: 's3'"),
     ("download", "expected 1 argument(s), got nothing"),
@@ -226,6 +243,8 @@ def test_extract_refuses_a_download_that_is_no_archive(
     ("gdrive", "expected 1 argument(s), got nothing"),
     ("gdrive https://example.org/file/d/abc", "gdrive:"),
     ("download https://example.org/x.zip --competition", "--competition does not apply"),
+    ("download https://example.org/x.zip --max-total-bytes 1G", "--max-total-bytes goes with"),
+    ("download https://example.org/x.zip --extract --max-total-bytes lots", "'lots' is not a size"),
     ("sync {tmp}/src {tmp}/dst --extract", "--extract does not apply to sync"),
     ("local --sha256 00", "--sha256 does not apply to mount"),
     ("drive", "drive storage is not available on Local machine"),

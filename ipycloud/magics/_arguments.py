@@ -16,7 +16,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from ipycloud.runtime.units import format_seconds, parse_duration
+from ipycloud.runtime.units import format_seconds, parse_duration, parse_size
 
 Magic = Callable[..., Any]
 
@@ -63,6 +63,14 @@ def duration(text: str) -> float:
     """An argparse type: seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``2d``."""
     try:
         return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def size(text: str) -> int:
+    """An argparse type: bytes from ``5000``, ``500M``, ``20GiB`` or ``2TB``."""
+    try:
+        return parse_size(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

@@ -18,6 +18,7 @@ from ipycloud.magics._arguments import (
     help_option,
     parse_line,
     refuse_options,
+    size,
     user_path,
 )
 from ipycloud.magics._display import Notice
@@ -34,7 +35,7 @@ OPTIONS = {
     "mount": {"project", "force"},
     "kaggle download": {"competition", "force", "dest"},
     "gdrive": {"force", "dest", "sha256", "md5"},
-    "download": {"dest", "sha256", "md5", "extract"},
+    "download": {"dest", "sha256", "md5", "extract", "max_total_bytes"},
     "sync": {"delete", "checksum", "dry_run", "every"},
     "sync --stop": {"stop"},
     "status": set(),
@@ -60,6 +61,9 @@ class StorageMagics(Magics):
     @argument("--sha256", help="expected SHA-256 of the download")
     @argument("--md5", help="expected MD5 of the download")
     @argument("--extract", action="store_true", help="extract the downloaded archive safely")
+    @argument("--max-total-bytes", type=size, metavar="SIZE",
+              help="--extract: the most the files may take, e.g. 50G (default: the free "
+                   "space there less a margin)")
     @argument("--delete", action="store_true", help="sync: delete what SRC no longer has")
     @argument("--checksum", action="store_true", help="sync: compare contents, not mtimes")
     @argument("--dry-run", action="store_true", help="sync: show what would change")
@@ -74,10 +78,11 @@ class StorageMagics(Magics):
 
         Cloud notebook disks vanish with the session. This finds (on Colab: mounts) the
         storage that lasts and makes a project folder in it with data/, models/,
-        checkpoints/, logs/ and outputs/. Downloads resume after a dropped connection,
-        are verified against the given checksum and appear only when complete. Archives
-        are extracted without letting any member escape the target. Sync copies only what
-        changed, atomically, and deletes nothing unless asked.
+        checkpoints/, logs/ and outputs/. Downloads resume after a dropped connection
+        (when the server shows the file has not changed, or a checksum will tell), are
+        verified against the given checksum and appear only when complete. Archives are
+        extracted without letting any member escape the target or fill the disk. Sync
+        copies only what changed, atomically, and deletes nothing unless asked.
 
         Examples
         --------
@@ -87,9 +92,11 @@ class StorageMagics(Magics):
             %mount_storage
             %mount_storage drive --project mnist --force
 
-        Download into the project's data/ folder, verify and extract::
+        Download into the project's data/ folder, verify and extract (the files may take
+        the free space there less a margin, or what --max-total-bytes allows)::
 
             %mount_storage download https://example.org/data.tar.gz --sha256 9f86d0... --extract
+            %mount_storage download https://example.org/big.zip --extract --max-total-bytes 200G
 
         A Kaggle dataset or competition's data (through kagglehub, with the credentials
         from KAGGLE_USERNAME/KAGGLE_KEY, ~/.kaggle/kaggle.json or the project folder), and
@@ -131,7 +138,8 @@ class StorageMagics(Magics):
         try:
             return actions[use](args)
         except ParameterError as error:
-            text = error.in_words_of({"competition": "--competition"})
+            text = error.in_words_of({"competition": "--competition",
+                                      "max_total_bytes": "--max-total-bytes SIZE"})
             raise UsageError(f"%mount_storage {args.action}: {text}") from None
         except (ValueError, OSError, ImportError, MountError, DownloadError, UnsafeArchiveError,
                 KaggleError, GdriveError) as error:
@@ -149,12 +157,15 @@ class StorageMagics(Magics):
         from ipycloud.runtime.storage.mount import data_folder
 
         (url,) = _expect(args.operands, 1, "%mount_storage download URL [--sha256 H]")
+        if args.max_total_bytes is not None and not args.extract:
+            raise UsageError("%mount_storage download: --max-total-bytes goes with --extract")
         folder = Path(args.dest) if args.dest else data_folder()
         result = download(url, folder, sha256=args.sha256, md5=args.md5)
         text = (f"{result.path} is already present and valid" if result.skipped else
                 f"downloaded {result.path} ({result.size} bytes, sha256 {result.sha256[:12]}…)")
         if args.extract:  # extract refuses what is not an archive before writing anything
-            report = extract(result.path, folder / _stem(result.path.name))
+            report = extract(result.path, folder / _stem(result.path.name),
+                             max_total_bytes=args.max_total_bytes)
             text += f"; extracted {report.extracted} files into {report.target}"
             if report.refused:
                 text += f", refused {len(report.refused)}: {'; '.join(report.refused)}"

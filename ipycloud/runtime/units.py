@@ -58,3 +58,24 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
     return seconds
+
+
+_SIZE = re.compile(r"(\d+)(?:\.(\d+))?\s*(?:([kmgt])(ib|b)?|b)?")
+_SIZE_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``5000``, ``4K``/``4KiB`` (1024-based), ``4KB`` (1000-based), up to T.
+
+    Whole bytes only: ``1.5M`` is fine, ``1.5`` is not. ValueError otherwise.
+    """
+    found = _SIZE.fullmatch(text.strip().lower())
+    if found is None:
+        raise ValueError(f"{text!r} is not a size: write it like 5000, 500M, 20GiB or 2TB")
+    whole, fraction, power, suffix = found.groups()
+    scale = (1000 if suffix == "b" else 1024) ** _SIZE_POWERS.get(power or "", 0)
+    digits = fraction or ""
+    value, rest = divmod(int(whole + digits) * scale, 10 ** len(digits))
+    if rest and power is None:
+        raise ValueError(f"{text!r} is not a size: whole bytes only, or a unit such as 1.5G")
+    return value

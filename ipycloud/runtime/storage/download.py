@@ -1,8 +1,13 @@
 """Verified, resumable HTTP(S) download into a folder, with an atomic final rename.
 
 The bytes land in ``<name>.part`` next to the final file; an interrupted download leaves
-that part behind and the next call resumes it with a ``Range`` request. Only a part that
-passed the size and checksum checks is fsynced and renamed to its final name.
+that part behind and the next call resumes it with a ``Range`` request, but only when the
+result cannot splice two versions of the file: the server proves it still has the same one
+(``If-Range`` with the strong ETag or Last-Modified recorded beside the part; a 200 answer
+starts over) or a checksum will verify the whole file (a resumed file that fails it is
+fetched once more from the start). Otherwise the download starts over. Nothing is written
+through a link (see ``partial``). Only a part that passed the size and checksum checks is
+fsynced and renamed to its final name.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import BinaryIO
 
 from ipycloud.runtime.durable import fsync_folder
 from ipycloud.runtime.messages import scrub
+from ipycloud.runtime.storage.partial import PartFile, PartInTheWay, Validators
 from ipycloud.runtime.storage.verify import Expect, check_name, name_or_none
 
 CHUNK = 1 << 16
@@ -49,6 +55,10 @@ class DownloadError(Exception):
 
 class _Transient(Exception):
     """A failure worth retrying (dropped connection, timeout, 5xx)."""
+
+
+class _ResumeFailedCheck(Exception):
+    """A resumed file failed its checksum: its parts may come from two versions."""
 
 
 @dataclass(frozen=True)
@@ -147,25 +157,28 @@ class _Job:
         self.progress, self.retries, self.timeout = progress, max(0, retries), timeout
         self.headers: dict[str, str] = dict(headers or {})
         self.total: int | None = None  # what the server said, once it answered
+        self.may_resume = True  # False once a resumed file failed its checksum
 
     # -- paths and messages -------------------------------------------------------------
     @property
-    def part(self) -> Path:
-        """The temporary file the bytes go to."""
-        return self.folder / f"{self.name}.part"
+    def part(self) -> PartFile:
+        """The temporary file the bytes go to (the name is known once this is used)."""
+        return PartFile(self.folder, str(self.name))
 
     def part_size(self, name: str | None = None) -> int:
         """Bytes already in the part file of ``name`` (default: ours); 0 when none."""
         name = name or self.name
-        try:
-            return (self.folder / f"{name}.part").stat().st_size if name is not None else 0
-        except FileNotFoundError:
-            return 0
+        return PartFile(self.folder, name).size() if name is not None else 0
 
     @property
     def expected_size(self) -> int | None:
         """The file's size: as the caller gave it, else as the server said, else None."""
         return self.expect.size if self.expect.size is not None else self.total
+
+    @property
+    def checksummed(self) -> bool:
+        """Whether a checksum will verify the whole file, whatever its parts' origin."""
+        return self.expect.sha256 is not None or self.expect.md5 is not None
 
     def fail(self, text: str) -> DownloadError:
         """A one-line DownloadError naming the (credential-free) URL."""
@@ -173,56 +186,96 @@ class _Job:
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> DownloadResult:
-        """Attempt, retry with resume on transient failures, then verify and rename."""
+        """Transfer, verify and rename; a resumed file failing its checksum is fetched
+        once more from the start."""
+        try:
+            while True:
+                start = self.transfer()
+                try:
+                    return self.finish(start)
+                except _ResumeFailedCheck:
+                    self.may_resume = False
+        except PartInTheWay as exc:
+            raise self.fail(str(exc)) from None
+
+    def transfer(self) -> int:
+        """Attempt, retrying with resume on transient failures; the last start offset."""
         failures = 0
         while True:
             try:
-                start = self.attempt()
-                break
+                return self.attempt()
             except _Transient as exc:
                 failures += 1
                 if failures > self.retries:
                     raise self.gave_up(str(exc), failures) from None
                 time.sleep(0.2 * failures)
-        return self.finish(start)
 
     def gave_up(self, reason: str, attempts: int) -> DownloadError:
         """The error after the last retry, saying what was fetched and how to resume."""
         have = self.part_size()
         total = self.expected_size
         of = f" of {total}" if total is not None else ""
-        hint = "rerun to resume from the .part file" if have else "rerun to try again"
+        if not have:
+            hint = "rerun to try again"
+        elif self.resume_point(self.name)[0]:
+            hint = "rerun to resume from the .part file"
+        else:
+            hint = ("the server gives no ETag or Last-Modified to resume by: give the "
+                    "file's SHA-256 to resume, or rerun to start over")
         return self.fail(f"failed after {attempts} attempts ({reason}); "
                          f"fetched {have}{of} bytes; {hint}")
+
+    def resume_point(self, name: str | None) -> tuple[int, Validators | None]:
+        """Where the part of ``name`` may resume, and what the server must confirm.
+
+        A part is resumed when the server can prove it still has the same file (a strong
+        validator recorded beside the part, sent as If-Range) or when a checksum will check
+        the whole file; otherwise the download starts over.
+        """
+        if name is None or not self.may_resume:
+            return 0, None
+        part = PartFile(self.folder, name)
+        have = part.size()
+        if not have:
+            return 0, None
+        proof = part.validators()
+        if proof is not None and proof.url != self.url.shown:
+            proof = None
+        if (proof is not None and proof.if_range is not None) or self.checksummed:
+            return have, proof
+        return 0, None
 
     def attempt(self) -> int:
         """One request; returns the offset it started at once the part is complete."""
         guess = self.name or self.url.name
-        offset = self.part_size(guess)
+        offset, proof = self.resume_point(guess)
         try:
-            resp = self.open(offset)
+            resp = self.open(offset, proof)
         except urllib.error.HTTPError as exc:
             exc.close()
             self.name = self.name or (guess if exc.code == 416 else None)
-            return self.on_http_error(exc, offset)
+            return self.on_http_error(exc, offset, proof)
         with resp:
             if self.name is None:
                 self.name = self.name_from(resp)
                 if self.name != guess and (offset or self.part_size()):
                     resp.close()
                     return self.attempt()
-            offset = self.accept(resp, offset)
+            offset = self.accept(resp, offset, proof)
             self.check_space(offset)
             self.stream(resp, offset)
         return offset
 
-    def open(self, offset: int) -> http.client.HTTPResponse:
-        """Send the GET (with ``Range`` when resuming); transport errors are transient."""
+    def open(self, offset: int, proof: Validators | None) -> http.client.HTTPResponse:
+        """Send the GET (with ``Range`` and ``If-Range`` when resuming); transport errors
+        are transient."""
         req = urllib.request.Request(self.url.request, headers=self.headers)
         if self.url.auth and "authorization" not in {k.lower() for k in self.headers}:
             req.add_unredirected_header("Authorization", self.url.auth)
         if offset > 0:
             req.add_header("Range", f"bytes={offset}-")
+            if proof is not None and proof.if_range is not None:
+                req.add_header("If-Range", proof.if_range)
         try:
             resp: http.client.HTTPResponse = urllib.request.urlopen(req, timeout=self.timeout)
         except urllib.error.HTTPError:
@@ -232,15 +285,18 @@ class _Job:
             raise _Transient(f"cannot connect: {reason}") from None
         return resp
 
-    def on_http_error(self, exc: urllib.error.HTTPError, offset: int) -> int:
+    def on_http_error(self, exc: urllib.error.HTTPError, offset: int,
+                      proof: Validators | None) -> int:
         """416 on a complete part means done; 5xx is transient; anything else fails."""
         status = f"HTTP {exc.code} {exc.reason}"
         if exc.code == 416 and offset > 0:
             total = _content_range(exc.headers.get("Content-Range"))[1]
-            if offset in {total, self.expect.size}:
+            changed = proof is not None and proof.contradicted_by(
+                Validators(self.url.shown, size=total))
+            if offset in {total, self.expect.size} and not changed:
                 self.total = total
                 return offset
-            self.part.unlink(missing_ok=True)
+            self.part.remove()
             raise _Transient(f"{status}; starting over")
         if exc.code in _TRANSIENT_STATUS:
             raise _Transient(status)
@@ -258,18 +314,30 @@ class _Job:
             raise self.fail("cannot tell the file name; pass filename=")
         return name
 
-    def accept(self, resp: http.client.HTTPResponse, offset: int) -> int:
-        """Check the status against the request; return the offset the body starts at."""
+    def accept(self, resp: http.client.HTTPResponse, offset: int,
+               proof: Validators | None) -> int:
+        """Check the status against the request; return the offset the body starts at.
+
+        A 206 whose validators show another version than the part's (a server that
+        ignored If-Range) removes the part: the retry starts over.
+        """
         if resp.status == 206:
             start, self.total = _content_range(resp.headers.get("Content-Range"))
             if start != offset:
-                self.part.unlink(missing_ok=True)
+                self.part.remove()
                 raise _Transient(f"server sent range from {start}, asked {offset}")
+            if proof is not None and proof.contradicted_by(self.validators_of(resp)):
+                self.part.remove()
+                raise _Transient("the file changed on the server; starting over")
             return offset
         if resp.status == 200:
             self.total = _int_or_none(resp.headers.get("Content-Length"))
             return 0
         raise self.fail(f"unexpected HTTP {resp.status} {resp.reason}")
+
+    def validators_of(self, resp: http.client.HTTPResponse) -> Validators:
+        """What identifies the version of the file this response carries."""
+        return Validators.of(self.url.shown, resp.headers, self.total)
 
     def check_space(self, offset: int) -> None:
         """Refuse before writing when the folder cannot hold the rest of the file."""
@@ -282,12 +350,14 @@ class _Job:
                             f"need {total - offset} bytes, {free} free")
 
     def stream(self, resp: http.client.HTTPResponse, offset: int) -> None:
-        """Copy the body into the part file; a short body is a transient failure."""
+        """Copy the body into the part file (a fresh one from offset 0); a short body is a
+        transient failure."""
         from tqdm.auto import tqdm
 
         length = _int_or_none(resp.headers.get("Content-Length"))
         got = 0
-        with self.part.open("ab" if offset else "wb") as fh, tqdm(
+        target = self.part.appending() if offset else self.part.fresh(self.validators_of(resp))
+        with target as fh, tqdm(
             total=self.expected_size, initial=offset, unit="B", unit_scale=True, unit_divisor=1024,
             desc=self.name, disable=not self.progress, leave=False,
         ) as bar:
@@ -309,18 +379,21 @@ class _Job:
 
     def finish(self, start: int) -> DownloadResult:
         """Verify size and checksums, then rename the part to its final name atomically."""
-        size = self.part_size()
+        part = self.part
+        size = part.size()
         want = self.expected_size
         if want is not None and size != want:
-            self.part.unlink(missing_ok=True)
+            part.remove()
             raise self.fail(f"size mismatch for {self.name}: expected {want}, got {size}")
-        digests = self.expect.digests_of(self.part)
+        digests = self.expect.digests_of(part.path)
         problem = self.expect.mismatch(digests)
         if problem is not None:
-            self.part.unlink(missing_ok=True)
+            part.remove()
+            if start:
+                raise _ResumeFailedCheck
             raise self.fail(f"checksum mismatch for {self.name}: {problem}")
         final = self.folder / str(self.name)
-        os.replace(self.part, final)
+        part.publish(final)
         fsync_folder(self.folder)
         return DownloadResult(final, size, digests["sha256"], start, False)
 

@@ -6,11 +6,24 @@ Every member is checked before it is written, and nothing is written through a l
   (backslashes in names count as separators), NUL bytes, device / FIFO / other special
   members, encrypted zip entries, symlinks that are absolute or resolve outside the archive's
   own tree, hard links to anything but a regular file extracted earlier from the same archive,
-  members that would pass through a symlink or a file, and members under a refused link.
-- on tar, ``tarfile.data_filter`` (where Python has it) runs as a second check; our own
-  checks stand without it. tarfile never writes anything: we copy the bytes ourselves.
+  members that would pass through a symlink or a file (also on the way to a ``..``), and
+  members under a refused link.
+- on tar, ``tarfile.data_filter`` (where Python has it) judges every link as a second
+  opinion; our own checks stand without it. On a regular file or folder it could only
+  object to what the checks above refuse (it resolves the name with ``realpath`` in a target
+  that holds no link the name may pass through), at the cost of two ``realpath`` walks a
+  member, so it is not asked. tarfile never writes anything: we copy the bytes ourselves.
+- size: by default the files may take what the target's file system has free, less a
+  margin, and no more members than it has free inodes (see ``expansion``);
+  ``max_total_bytes`` replaces that with a limit on the files' bytes. A zip's declared
+  sizes are checked before anything is written, a tar member's before its bytes are, and
+  a member whose bytes outgrow its declared size is stopped.
 - modes: files keep ``mode & 0o777`` (no setuid / setgid / sticky); folders get
   ``(mode & 0o777) | 0o700`` so the owner can always manage them.
+
+The archive is read once, front to back, and the writer keeps its own account of what it
+made in the fresh temporary folder, so no member costs a ``stat`` of the folders above it;
+every file is still created with ``O_EXCL | O_NOFOLLOW``.
 
 Atomicity: members are written into a temporary folder made inside the target's parent
 (same filesystem). When ``target`` does not exist, that folder is renamed to ``target`` in
@@ -25,38 +38,27 @@ removed.
 
 from __future__ import annotations
 
-import gzip
-import lzma
 import os
 import shutil
 import stat
-import tarfile
 import tempfile
-import zipfile
-import zlib
-from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
-from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.storage.archive import (
+    READ_ERRORS,
+    ArchiveSource,
+    Member,
+    archive_kind,
+    open_archive,
+)
+from ipycloud.runtime.storage.expansion import Budget, ExpansionLimit
 
 __all__ = ["ExtractReport", "UnsafeArchiveError", "archive_kind", "extract"]
 
-_CHUNK = 1 << 20
-_MAX_LINK_TEXT = 4096
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_COMPRESSED_MAGIC = (
-    (b"\x1f\x8b", "tar.gz"),
-    (b"BZh", "tar.bz2"),
-    (b"\xfd7zXZ\x00", "tar.xz"),
-)
-_READ_ERRORS: tuple[type[BaseException], ...] = (
-    tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError,
-    gzip.BadGzipFile, OSError, NotImplementedError, RuntimeError,
-)
+_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+           | getattr(os, "O_CLOEXEC", 0))
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class ExtractReport:
 
 
 class UnsafeArchiveError(Exception):
-    """Raised by ``extract(strict=True)`` when any member was refused."""
+    """Raised by ``extract(strict=True)`` when a member was refused."""
 
     def __init__(self, archive: Path, refused: tuple[str, ...]) -> None:
         super().__init__(f"{archive}: refused {len(refused)} unsafe member(s): {refused[0]}")
@@ -78,160 +80,6 @@ class UnsafeArchiveError(Exception):
 
 class _Refused(Exception):
     """A member is not extracted; the message is the reason."""
-
-
-@dataclass
-class _Member:
-    """One archive member, whatever the format."""
-
-    name: str
-    kind: str  # "file", "dir", "symlink", "hardlink" or "special"
-    size: int
-    mode: int
-    linkname: str = ""
-    reason: str = ""  # why a "special" member is refused
-    handle: Any = field(default=None, repr=False)
-
-
-def archive_kind(path: str | os.PathLike[str]) -> str | None:
-    """"zip", "tar", "tar.gz", "tar.bz2" or "tar.xz", judged by content; None otherwise."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            head = f.read(512)
-    except OSError:
-        return None
-    if head[257:262] == b"ustar":
-        return "tar" if _is_tar(p) else None
-    for magic, kind in _COMPRESSED_MAGIC:
-        if head.startswith(magic):
-            return kind if _is_tar(p) else None
-    if zipfile.is_zipfile(p):
-        return "zip"
-    return "tar" if _is_tar(p) else None
-
-
-def _is_tar(path: Path) -> bool:
-    """tarfile.is_tarfile, False on any error."""
-    try:
-        return tarfile.is_tarfile(path)
-    except _READ_ERRORS:
-        return False
-
-
-# ---------------------------------------------------------------- archive sources
-
-
-class _Source(ABC):
-    """Members of an archive and their bytes; read errors become one-line ValueErrors."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @abstractmethod
-    def members(self) -> list[_Member]:
-        """Every member, in archive order."""
-
-    @abstractmethod
-    def open(self, member: _Member) -> IO[bytes]:
-        """A reader of one regular member's bytes."""
-
-    def filter_reason(self, member: _Member, dest: Path) -> str | None:
-        """A second opinion from tarfile's data filter; None means no objection."""
-        return None
-
-    def corrupt(self, exc: BaseException) -> ValueError:
-        return ValueError(f"{self.path}: corrupt or unreadable archive ({one_line(exc)})")
-
-
-class _ZipSource(_Source):
-    def __init__(self, path: Path, zf: zipfile.ZipFile) -> None:
-        super().__init__(path)
-        self.zf = zf
-
-    def members(self) -> list[_Member]:
-        return [self._member(info) for info in self.zf.infolist()]
-
-    def _member(self, info: zipfile.ZipInfo) -> _Member:
-        unix = info.external_attr >> 16
-        mode = stat.S_IMODE(unix)
-        kind, reason, link = "file", "", ""
-        if info.flag_bits & 0x1:
-            kind, reason = "special", "encrypted member"
-        elif info.is_dir() or stat.S_ISDIR(unix):
-            kind, mode = "dir", mode or 0o755
-        elif stat.S_ISLNK(unix):
-            kind, link = "symlink", self._link_text(info)
-        elif stat.S_IFMT(unix) not in (0, stat.S_IFREG):
-            kind, reason = "special", "device, FIFO or socket member"
-        return _Member(info.filename, kind, info.file_size, mode or 0o644, link, reason, info)
-
-    def _link_text(self, info: zipfile.ZipInfo) -> str:
-        if info.file_size > _MAX_LINK_TEXT:
-            return "\x00"  # refused later as an invalid link target
-        return self.zf.read(info).decode("utf-8", "replace")
-
-    def open(self, member: _Member) -> IO[bytes]:
-        return self.zf.open(member.handle)
-
-
-class _TarSource(_Source):
-    def __init__(self, path: Path, tf: tarfile.TarFile) -> None:
-        super().__init__(path)
-        self.tf = tf
-
-    def members(self) -> list[_Member]:
-        return [_tar_member(info) for info in self.tf.getmembers()]
-
-    def open(self, member: _Member) -> IO[bytes]:
-        handle = self.tf.extractfile(member.handle)
-        if handle is None:
-            raise tarfile.ReadError(f"no data for {member.name}")
-        return handle
-
-    def filter_reason(self, member: _Member, dest: Path) -> str | None:
-        data_filter = getattr(tarfile, "data_filter", None)
-        if data_filter is None:
-            return None
-        try:
-            data_filter(member.handle, str(dest))
-        except tarfile.FilterError as exc:
-            return f"tarfile data filter: {one_line(exc)}"
-        return None
-
-
-def _tar_member(info: tarfile.TarInfo) -> _Member:
-    """Our view of a TarInfo."""
-    mode = stat.S_IMODE(info.mode)
-    if info.isreg():
-        return _Member(info.name, "file", info.size, mode, handle=info)
-    if info.isdir():
-        return _Member(info.name, "dir", 0, mode, handle=info)
-    if info.issym():
-        return _Member(info.name, "symlink", 0, mode, info.linkname, handle=info)
-    if info.islnk():
-        return _Member(info.name, "hardlink", 0, mode, info.linkname, handle=info)
-    reason = "device member" if info.ischr() or info.isblk() else "unsupported member type"
-    if info.isfifo():
-        reason = "FIFO member"
-    return _Member(info.name, "special", 0, mode, reason=reason, handle=info)
-
-
-@contextmanager
-def _open_source(path: Path, kind: str) -> Iterator[_Source]:
-    """The archive opened as a _Source, closed afterwards."""
-    try:
-        archive: zipfile.ZipFile | tarfile.TarFile = (
-            zipfile.ZipFile(path) if kind == "zip" else tarfile.open(path, "r:*")  # noqa: SIM115
-        )
-    except _READ_ERRORS as exc:
-        raise ValueError(f"{path}: not a readable {kind} archive ({one_line(exc)})") from exc
-    with archive:
-        if isinstance(archive, zipfile.ZipFile):
-            yield _ZipSource(path, archive)
-        else:
-            yield _TarSource(path, archive)
-
 
 
 # ---------------------------------------------------------------- name checks
@@ -246,6 +94,9 @@ def _parts(name: str) -> tuple[str, ...]:
         raise _Refused("drive letter in name")
     if text.startswith("/"):
         raise _Refused("absolute path")
+    plain = text.split("/")
+    if "" not in plain and "." not in plain and ".." not in plain:
+        return tuple(plain)  # nothing to apply: the common case
     parts = _follow((), text)
     if parts is None:
         raise _Refused("'..' escapes the target")
@@ -276,8 +127,8 @@ def _check_symlink(parts: tuple[str, ...], target: str) -> None:
         raise _Refused(f"symlink {target!r} points outside the target")
 
 
-def _static_check(member: _Member, source: _Source, dest: Path) -> tuple[str, ...]:
-    """Checks that need nothing written (tarfile's data filter judging the member as
+def _static_check(member: Member, source: ArchiveSource, dest: Path) -> tuple[str, ...]:
+    """Checks that need nothing written (tarfile's data filter judging a link as
     extracted into ``dest`` included); the member's path components."""
     if member.kind == "special":
         raise _Refused(member.reason)
@@ -291,8 +142,7 @@ def _static_check(member: _Member, source: _Source, dest: Path) -> tuple[str, ..
             _parts(member.linkname)
         except _Refused as exc:
             raise _Refused(f"hard link outside the target: {exc}") from None
-    reason = source.filter_reason(member, dest)
-    if reason:
+    if member.kind in ("symlink", "hardlink") and (reason := source.filter_reason(member, dest)):
         raise _Refused(reason)
     return parts
 
@@ -300,59 +150,65 @@ def _static_check(member: _Member, source: _Source, dest: Path) -> tuple[str, ..
 # ---------------------------------------------------------------- writing
 
 
-def _copy_stream(src: IO[bytes], out: IO[bytes], budget: _Budget) -> None:
-    """Copy ``src`` into ``out`` in chunks, counting bytes against the budget."""
+def _copy_stream(source: ArchiveSource, member: Member, fd: int) -> None:
+    """Write a member's bytes into the file ``fd``; a member outgrowing its declared size
+    is stopped. Only reading errors speak of a corrupt archive."""
+    written = 0
+    try:
+        chunks = source.chunks(member)
+    except READ_ERRORS as exc:
+        raise source.corrupt(exc) from exc
     while True:
         try:
-            chunk = src.read(_CHUNK)
-        except _READ_ERRORS as exc:
-            raise budget.source.corrupt(exc) from exc
-        if not chunk:
+            chunk = next(chunks, None)
+        except READ_ERRORS as exc:
+            raise source.corrupt(exc) from exc
+        if chunk is None:
             return
-        budget.spend(len(chunk))
-        out.write(chunk)
-
-
-@dataclass
-class _Budget:
-    """Bytes written so far against ``max_total_bytes``."""
-
-    source: _Source
-    limit: int | None
-    used: int = 0
-
-    def spend(self, n: int) -> None:
-        self.used += n
-        if self.limit is not None and self.used > self.limit:
-            raise ValueError(f"{self.source.path}: more than {self.limit} bytes uncompressed")
+        written += len(chunk)
+        if written > member.size:
+            raise ValueError(f"{source.path}: {member.name} holds more bytes than the "
+                             f"{member.size} it declares")
+        while chunk:
+            chunk = chunk[os.write(fd, chunk):]
 
 
 class _Writer:
-    """Writes checked members into a fresh temporary folder ``root``."""
+    """Writes checked members into a fresh temporary folder ``root``.
 
-    def __init__(self, source: _Source, root: Path, budget: _Budget) -> None:
+    ``made`` records what the writer created there ("dir", "file" or "link" by path
+    components): nothing else writes in that private folder, so it stands in for an
+    ``lstat`` of each folder on a member's way.
+    """
+
+    def __init__(self, source: ArchiveSource, root: Path, budget: Budget) -> None:
         self.source = source
         self.root = root
         self.budget = budget
-        self.dir_modes: dict[Path, int] = {}
-        self.files: set[tuple[str, ...]] = set()
-        self.links: list[tuple[str, Path]] = []
+        self.made: dict[tuple[str, ...], str] = {(): "dir"}
+        self.dir_modes: dict[str, int] = {}
+        self.links: list[tuple[str, str]] = []
         self.refused_links: list[tuple[str, ...]] = []
         self.refused: list[str] = []
         self.written = 0
+        self.last_folder: tuple[tuple[str, ...], str] = ((), str(root))
+        self.umask = _process_umask()
 
-    def add(self, member: _Member) -> None:
+    def add(self, member: Member) -> None:
         """Write one member, or record why it was refused."""
         try:
             parts = _static_check(member, self.source, self.root)
-            self._check_under_refused(parts)
+            if ".." in member.name:
+                self._check_walk(member.name)
+            if self.refused_links:
+                self._check_under_refused(parts)
             self._write(member, parts)
         except _Refused as exc:
             self.refused.append(f"{member.name}: {exc}")
             if member.kind in ("symlink", "hardlink"):
                 self._remember_refused_link(member)
 
-    def _remember_refused_link(self, member: _Member) -> None:
+    def _remember_refused_link(self, member: Member) -> None:
         with suppress(_Refused):
             self.refused_links.append(_parts(member.name))
 
@@ -361,80 +217,88 @@ class _Writer:
             if link and parts[: len(link)] == link:
                 raise _Refused(f"under refused link {'/'.join(link)!r}")
 
-    def _write(self, member: _Member, parts: tuple[str, ...]) -> None:
+    def _check_walk(self, name: str) -> None:
+        """Refuse a name whose ``..`` would be taken after a link made earlier."""
+        here: list[str] = []
+        for part in name.replace("\\", "/").split("/"):
+            if self.made.get(tuple(here)) == "link":
+                raise _Refused(f"path passes through symlink {here[-1]!r}")
+            if part == "..":
+                here.pop()
+            elif part not in ("", "."):
+                here.append(part)
+
+    def _write(self, member: Member, parts: tuple[str, ...]) -> None:
         if not parts:
             return  # the archive's root folder ("./")
-        dest = self._parent(parts) / parts[-1]
+        dest = f"{self._folder(parts[:-1])}/{parts[-1]}"
         if member.kind == "dir":
-            self._make_dir(dest, member.mode)
+            self._make_dir(parts, dest, member.mode)
             return
-        self._clear(dest)
-        self.files.discard(parts)
+        source = self._link_source(member) if member.kind == "hardlink" else ""
+        if self.made.get(parts) == "dir":
+            raise _Refused("conflicts with a folder of the same name")
+        self.budget.charge(member.size if member.kind == "file" else 0)
+        if self.made.pop(parts, None) is not None:
+            os.unlink(dest)  # an earlier member of the same name
         if member.kind == "file":
             self._write_file(member, dest)
-            self.files.add(parts)
         elif member.kind == "symlink":
             os.symlink(member.linkname, dest)
             self.links.append((member.name, dest))
         else:
-            self._hard_link(member, dest)
-            self.files.add(parts)
+            os.link(source, dest, follow_symlinks=False)
+        self.made[parts] = "link" if member.kind == "symlink" else "file"
         self.written += 1
 
-    def _parent(self, parts: tuple[str, ...]) -> Path:
-        """The member's folder in ``root``, made as needed, never through a link or file."""
-        here = self.root
-        for part in parts[:-1]:
-            here = here / part
-            try:
-                mode = os.lstat(here).st_mode
-            except FileNotFoundError:
-                os.mkdir(here, 0o700)
-                self.dir_modes.setdefault(here, 0o755)
-                continue
-            if stat.S_ISLNK(mode):
+    def _folder(self, parts: tuple[str, ...]) -> str:
+        """The folder ``parts`` in ``root``, made as needed, never through a link or file."""
+        known, path = self.last_folder
+        if parts == known:
+            return path
+        path = str(self.root)
+        for depth, part in enumerate(parts, 1):
+            path = f"{path}/{part}"
+            kind = self.made.get(parts[:depth])
+            if kind is None:
+                self.budget.charge(0)
+                os.mkdir(path, 0o700)
+                self.made[parts[:depth]] = "dir"
+                self.dir_modes.setdefault(path, 0o755)
+            elif kind == "link":
                 raise _Refused(f"path passes through symlink {part!r}")
-            if not stat.S_ISDIR(mode):
+            elif kind == "file":
                 raise _Refused(f"path passes through file {part!r}")
-        return here
+        self.last_folder = (parts, path)
+        return path
 
-    def _make_dir(self, dest: Path, mode: int) -> None:
-        try:
-            st_mode = os.lstat(dest).st_mode
-        except FileNotFoundError:
+    def _make_dir(self, parts: tuple[str, ...], dest: str, mode: int) -> None:
+        kind = self.made.get(parts)
+        if kind is None:
+            self.budget.charge(0)
             os.mkdir(dest, 0o700)
-        else:
-            if not stat.S_ISDIR(st_mode):
-                os.unlink(dest)
-                os.mkdir(dest, 0o700)
+        elif kind != "dir":
+            os.unlink(dest)
+            os.mkdir(dest, 0o700)
+        self.made[parts] = "dir"
         self.dir_modes[dest] = (mode & 0o777) | 0o700
 
-    def _clear(self, dest: Path) -> None:
-        """Remove an earlier member of the same name; a folder is never replaced."""
+    def _write_file(self, member: Member, dest: str) -> None:
+        mode = member.mode & 0o777
+        fd = os.open(dest, _CREATE, mode)  # in a folder only we can enter
         try:
-            st_mode = os.lstat(dest).st_mode
-        except FileNotFoundError:
-            return
-        if stat.S_ISDIR(st_mode):
-            raise _Refused("conflicts with a folder of the same name")
-        os.unlink(dest)
+            _copy_stream(self.source, member, fd)
+            if self.umask is None or mode & self.umask:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
-    def _write_file(self, member: _Member, dest: Path) -> None:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            try:
-                src = self.source.open(member)
-            except _READ_ERRORS as exc:
-                raise self.source.corrupt(exc) from exc
-            with src:
-                _copy_stream(src, out, self.budget)
-            os.fchmod(out.fileno(), member.mode & 0o777)
-
-    def _hard_link(self, member: _Member, dest: Path) -> None:
+    def _link_source(self, member: Member) -> str:
+        """The file a hard link names: a regular file this archive put in ``root``."""
         parts = _parts(member.linkname)
-        if parts not in self.files:
+        if self.made.get(parts) != "file":
             raise _Refused("hard link to a member not extracted as a regular file")
-        os.link(self.root.joinpath(*parts), dest, follow_symlinks=False)
+        return os.path.join(self.root, *parts)
 
     def finish(self) -> None:
         """Drop symlinks that really resolve outside ``root``; set folder modes."""
@@ -448,8 +312,61 @@ class _Writer:
             os.chmod(folder, mode)
 
 
+def _process_umask() -> int | None:
+    """The process's umask as Linux shows it (read, never set: other threads create files
+    too); None where unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+class _Progress:
+    """A progress bar over a zip's members, or over a tar archive's bytes as read; moved
+    every ``_EVERY`` members (a refusal shows at once), so a member costs a count."""
+
+    _EVERY = 64
+
+    def __init__(self, source: ArchiveSource, count: int | None, enabled: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self.source = source
+        self.by_bytes = count is None
+        self.pending = 0
+        self.shown_refusals = 0
+        self.bar = tqdm(total=source.path.stat().st_size if count is None else count,
+                        unit="B" if self.by_bytes else "member", unit_scale=self.by_bytes,
+                        unit_divisor=1024, desc=f"extract {source.path.name}",
+                        disable=not enabled)
+
+    def step(self, refused: list[str]) -> None:
+        """One member done; ``refused`` so far."""
+        self.pending += 1
+        if len(refused) != self.shown_refusals:
+            self.shown_refusals = len(refused)
+            self.bar.set_postfix_str(f"refused {len(refused)}: {refused[-1]}", refresh=False)
+        elif self.pending < self._EVERY:
+            return
+        self.flush()
+
+    def flush(self) -> None:
+        done, self.pending = self.pending, 0
+        if self.bar.disable:
+            return
+        position = self.source.read_position() if self.by_bytes else None
+        self.bar.update(done if position is None else position - self.bar.n)
+
+    def close(self) -> None:
+        self.flush()
+        self.bar.close()
 
 
 # ---------------------------------------------------------------- installing
@@ -488,40 +405,36 @@ def _install(tmp: Path, target: Path) -> None:
         os.replace(src, to)
 
 
-def _check_size(members: list[_Member], limit: int | None, path: Path) -> None:
-    if limit is None:
-        return
-    total = sum(m.size for m in members if m.kind == "file")
-    if total > limit:
-        raise ValueError(f"{path}: declares {total} bytes uncompressed, over the {limit} limit")
+def _limit(max_total_bytes: int | None, folder: Path) -> ExpansionLimit:
+    """The caller's limit, else the free space of ``folder``'s file system."""
+    if max_total_bytes is None:
+        return ExpansionLimit.free_space(folder)
+    return ExpansionLimit.given(max_total_bytes)
 
 
-def _static_refusals(members: list[_Member], source: _Source, target: Path) -> list[str]:
-    """Refusals known without writing anything (for strict mode)."""
-    refused = []
-    for member in members:
-        try:
-            _static_check(member, source, target)
-        except _Refused as exc:
-            refused.append(f"{member.name}: {exc}")
-    return refused
+def _check_declared(listed: list[Member] | None, budget: Budget) -> None:
+    """Charge every member a listing declares, before anything is written."""
+    for member in listed or ():
+        budget.charge(member.size if member.kind == "file" else 0)
 
 
-def _write_all(source: _Source, members: list[_Member], tmp: Path, budget: _Budget,
+def _write_all(source: ArchiveSource, tmp: Path, budget: Budget, *, strict: bool,
                progress: bool) -> _Writer:
-    """Write every member into ``tmp``, with a progress bar when asked."""
-    from tqdm.auto import tqdm
-
+    """Write every member into ``tmp`` in one pass; in strict mode stop at a refusal."""
     writer = _Writer(source, tmp, budget)
-    with tqdm(total=len(members), unit="member", desc=f"extract {source.path.name}",
-              disable=not progress) as bar:
-        for member in members:
+    listed = source.listed()
+    bar = _Progress(source, None if listed is None else len(listed), progress)
+    try:
+        for member in source.members():
             writer.add(member)
-            if writer.refused:
-                bar.set_postfix_str(f"refused {len(writer.refused)}: {writer.refused[-1]}",
-                                    refresh=False)
-            bar.update(1)
+            if strict and writer.refused:
+                raise UnsafeArchiveError(source.path, tuple(writer.refused))
+            bar.step(writer.refused)
         writer.finish()
+    finally:
+        bar.close()
+    if strict and writer.refused:
+        raise UnsafeArchiveError(source.path, tuple(writer.refused))
     return writer
 
 
@@ -535,30 +448,25 @@ def extract(
 ) -> ExtractReport:
     """Extract a zip / tar(.gz/.bz2/.xz) archive safely into ``target`` (merging if it exists).
 
-    Unsafe members are skipped and listed in the report; with ``strict`` any refusal raises
-    UnsafeArchiveError and ``target`` is left untouched. ValueError for an unknown or
-    corrupt archive, or when declared sizes exceed ``max_total_bytes``.
+    Unsafe members are skipped and listed in the report; with ``strict`` the first refusal
+    raises UnsafeArchiveError and ``target`` is left untouched. By default the archive may
+    take the free space of the target's file system less a margin; ``max_total_bytes``
+    limits the files' bytes instead. ValueError for an unknown or corrupt archive, or one
+    that would expand past the limit (``target`` untouched).
     """
     path = Path(archive)
     dest = Path(os.path.abspath(target))
     kind = archive_kind(path)
     if kind is None:
         raise ValueError(f"{path}: not a zip or tar (.gz, .bz2, .xz) archive, or corrupt")
-    with _open_source(path, kind) as source:
-        try:
-            members = source.members()
-        except _READ_ERRORS as exc:
-            raise source.corrupt(exc) from exc
-        _check_size(members, max_total_bytes, path)
-        if strict and (early := _static_refusals(members, source, dest)):
-            raise UnsafeArchiveError(path, tuple(early))
+    with open_archive(path, kind) as source:
         dest.parent.mkdir(parents=True, exist_ok=True)
+        limit = _limit(max_total_bytes, dest.parent)
+        _check_declared(source.listed(), Budget(path, limit))
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.extract-", dir=dest.parent))
         try:
-            writer = _write_all(source, members, tmp, _Budget(source, max_total_bytes),
-                                progress)
-            if strict and writer.refused:
-                raise UnsafeArchiveError(path, tuple(writer.refused))
+            writer = _write_all(source, tmp, Budget(path, limit), strict=strict,
+                                progress=progress)
             _install(tmp, dest)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
