@@ -137,6 +137,47 @@ def test_a_writer_killed_mid_save_fails_that_save_and_the_next_starts_anew(
     manager.close()
 
 
+def test_a_worker_forked_while_the_writer_process_starts_does_not_hold_up_the_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training thread forks a DataLoader worker (an epoch starts) just as the writer
+    process is being started: the worker must not inherit the pipe through which
+    subprocess waits for that start, or the save waits for the worker to end."""
+    in_fork_exec, worker_forked = threading.Event(), threading.Event()
+    name = "_fork_exec" if hasattr(subprocess, "_fork_exec") else "fork_exec"
+    module: Any = subprocess if name == "_fork_exec" else subprocess._posixsubprocess  # type: ignore[attr-defined]
+    fork_exec = getattr(module, name)
+
+    def fork_exec_while_a_worker_is_forked(*args: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            in_fork_exec.set()
+            worker_forked.wait(30)
+        return fork_exec(*args)
+
+    monkeypatch.setattr(module, name, fork_exec_while_a_worker_is_forked)
+    manager = CheckpointManager(tmp_path / "run")
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    wait_for(lambda: in_fork_exec.is_set() or psutil.Process().children(),
+             what="the writer process being started")
+    reader, writer = os.pipe()
+    worker = os.fork()
+    if worker == 0:  # a DataLoader worker: holds what it inherited until its epoch ends
+        os.close(writer)
+        os.read(reader, 1)
+        os._exit(0)
+    os.close(reader)
+    worker_forked.set()
+    waiter = threading.Thread(target=manager.wait, daemon=True)
+    try:
+        waiter.start()
+        waiter.join(30)
+        assert not waiter.is_alive(), "the save waits for the worker to end"
+    finally:
+        os.close(writer)
+        os.waitpid(worker, 0)
+    assert manager.wait().step == 1  # type: ignore[union-attr]
+    manager.close()
+
+
 def _write_error_in_the_writer(folder: str) -> dict[str, Any]:
     """The writer starts under a 64 KiB file size cap that this process then lifts."""
     manager = CheckpointManager(folder, keep_last=None)
