@@ -7,6 +7,7 @@ import gc
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -176,6 +177,20 @@ def test_a_worker_forked_while_the_writer_process_starts_does_not_hold_up_the_sa
         os.waitpid(worker, 0)
     assert manager.wait().step == 1  # type: ignore[union-attr]
     manager.close()
+
+
+def test_a_request_cut_short_ends_the_writer_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    """Its process died while sending a request (the writer may read the cut before it
+    sees the death): the writer's output goes to the kernel's log, and it stays clean."""
+    process = writer_process.WriterProcess()
+    process.stage({"weights": torch.ones(8)})  # starts the child
+    child, sock = process._child, process._socket
+    assert child is not None and sock is not None
+    sock.sendall(writer_process._HEADER.pack(1000) + b"the first bytes")
+    sock.shutdown(socket.SHUT_WR)
+    assert child.wait(timeout=60) == 0
+    assert capfd.readouterr().err == ""
+    process.close()
 
 
 def _write_error_in_the_writer(folder: str) -> dict[str, Any]:

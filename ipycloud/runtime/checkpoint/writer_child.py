@@ -31,11 +31,20 @@ def main(fd: int, parent: int) -> None:
     end_with(parent)
     region: mmap.mmap | None = None
     with socket.socket(fileno=fd) as sock:
-        while (message := receive_message(sock)) is not None:
+        while (message := _next_request(sock)) is not None:
             body, fds = message
             if fds:
                 region = _map(fds)
             send_message(sock, pickle.dumps(_write(body, region)))
+
+
+def _next_request(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """The next request, or None at the end: the parent closed the socket, or died while
+    sending (the end of a request cut short is read before the death is seen)."""
+    try:
+        return receive_message(sock)
+    except (EOFError, ConnectionError):
+        return None
 
 
 def _map(fds: list[int]) -> mmap.mmap:
