@@ -8,6 +8,8 @@ import threading
 from types import FrameType, TracebackType
 from typing import Any
 
+from ipycloud.runtime.lifetime import end_with
+
 
 class DeferredInterrupt:
     """While active in the main thread, SIGINT sets ``requested`` instead of raising.
@@ -43,17 +45,24 @@ class DeferredInterrupt:
 
 
 class WorkerInit:
-    """A DataLoader ``worker_init_fn`` that lets workers outlive an interrupt of the kernel.
+    """A DataLoader ``worker_init_fn`` that lets workers outlive an interrupt of the kernel,
+    and makes them end with the process that trains.
 
     Jupyter interrupts the kernel's whole process group; a worker that died of it would
     fail the step ``fit`` finishes before pausing. The loader stops its workers itself.
+    torch's workers watch the parent they find once started, so one whose trainer dies as
+    it starts watches its new parent and never ends: given ``trainer`` (the PID of the
+    process that trains, when it is the workers' parent), they end as soon as it does.
     Wraps the loader's own ``worker_init_fn`` (picklable, for workers started by spawn).
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, trainer: int | None = None) -> None:
         self.inner = inner
+        self.trainer = trainer
 
     def __call__(self, worker_id: int) -> None:
+        if self.trainer is not None:
+            end_with(self.trainer)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self.inner is not None:
             self.inner(worker_id)
