@@ -47,6 +47,8 @@ RESULTS = Path(__file__).parent / "results" / "soak_kill.json"
 KILLS = {"blocking": 110, "writer process": 110, "thread": 100, "writer killed": 100,
          "fit": 100}
 COLUMNS = ("kills", "lost", "corrupt", "committed_after_kill", "left_behind")
+PLURALS = {"writer process": "writer processes", "worker": "DataLoader workers",
+           "rank": "launch ranks"}
 
 
 def table(kinds: dict[str, Any]) -> list[str]:
@@ -63,8 +65,9 @@ def table(kinds: dict[str, Any]) -> list[str]:
         for where, count in sorted(row["landed"].items(), key=lambda item: -item[1]):
             lines.append(f"  {count:>5}  {where}")
         for role, seconds in row["exit_s"].items():
-            lines.append(f"  its {role}es ({seconds['count']}) ended {seconds['median']:.2f} s "
-                         f"after the kill (median), {seconds['max']:.2f} s at most")
+            lines.append(f"  {PLURALS.get(role, role)} it had started: {seconds['count']}, ended "
+                         f"{seconds['median']:.2f} s after the kill (median), "
+                         f"{seconds['max']:.2f} s at most")
     return lines
 
 

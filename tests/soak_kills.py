@@ -175,7 +175,7 @@ class Soak:
                             if event["event"] == "saved"), default=None)
         kill = Kill(kind, landed, acknowledged, corrupt=list(state.corrupt))
         strays = self.strays.add(victim, left, launches)
-        self.strays.wait([stray for stray in strays if stray.role == "writer process"])
+        self.strays.wait(strays)
         kill.committed_after = sorted(inspect(folder).manifests.keys() - state.manifests.keys())
         self._left.append((kill, strays))
         self.kills.append(kill)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from process_helpers import ended
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -59,14 +60,6 @@ def reap_zombies() -> None:
         if child.pid not in _victims:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(child.pid, os.WNOHANG)
-
-
-def gone(process: psutil.Process) -> bool:
-    """Whether a process has ended (a zombie has: it only waits to be reaped)."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 class Channel:
@@ -320,10 +313,12 @@ class Strays:
                 with contextlib.suppress(psutil.Error):
                     candidates.setdefault(child.pid, Started(child, -1, child.cmdline()))
         for pid, started in candidates.items():
-            if pid in seen or gone(started.process):
+            if pid in seen:
                 continue
             role = started.role(victim.pid, launches)
             stray = Stray(pid, role, started.process, now, self.deadlines_s[role])
+            if ended(started.process):  # ended with the victim already
+                stray.gone_after_s = 0.0
             self.watched.append(stray)
             added.append(stray)
         return added
@@ -332,7 +327,7 @@ class Strays:
         """Note which have ended (they stay zombies until ``finish``)."""
         now = time.monotonic()
         for stray in self.watched:
-            if stray.gone_after_s is None and gone(stray.process):
+            if stray.gone_after_s is None and ended(stray.process):
                 stray.gone_after_s = now - stray.killed_at
 
     def wait(self, strays: list[Stray]) -> None:

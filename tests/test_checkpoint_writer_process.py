@@ -18,6 +18,7 @@ import psutil
 import pytest
 import torch
 from checkpoint_helpers import differences, in_child
+from process_helpers import descriptors_of_a_fork, descriptors_of_this_process
 from torch import nn
 from waiting import wait_for
 
@@ -389,15 +390,6 @@ def test_a_writer_whose_kernel_died_commits_nothing_over_a_later_checkpoint(
     assert not [path.name for path in folder.iterdir() if path.name.startswith(".tmp-")]
 
 
-def descriptors_of_this_process() -> list[str]:
-    """What each open descriptor of this process refers to."""
-    targets = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
-            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return targets
-
-
 def resources_held() -> dict[str, int]:
     """The regions, descriptors, threads and child processes of checkpoint writers here."""
     maps = Path("/proc/self/maps").read_text().splitlines()
@@ -435,15 +427,7 @@ def test_a_forked_process_keeps_no_region_or_lock_descriptor(tmp_path: Path) -> 
     with folder_lock(folder):  # as a background save holds it while a worker is forked
         assert any("memfd:ipycloud-checkpoint" in target
                    for target in descriptors_of_this_process())
-        reader, writer = os.pipe()
-        child = os.fork()
-        if child == 0:
-            os.write(writer, "\n".join(descriptors_of_this_process()).encode())
-            os._exit(0)
-    os.close(writer)
-    inherited = os.read(reader, 1 << 16).decode().splitlines()
-    os.close(reader)
-    os.waitpid(child, 0)
+        inherited = descriptors_of_a_fork()
     assert not [target for target in inherited
                 if "memfd:ipycloud" in target or target.endswith(LOCK_NAME)]
     manager.save({"weights": torch.zeros(8)}, step=2, blocking=False)  # the parent's own

@@ -14,7 +14,8 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from checkpoint_helpers import differences
+from checkpoint_helpers import differences, in_child
+from process_helpers import ended
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler, WeightedRandomSampler
 from waiting import wait_for
@@ -271,14 +272,6 @@ fit(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, device="cpu", pr
 """
 
 
-def ended(process: psutil.Process) -> bool:
-    """Whether it has ended (a zombie has: it only waits for its new parent to reap it)."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_workers_end_with_a_kernel_killed_while_they_start(tmp_path: Path) -> None:
     """torch's workers watch the parent they find once started: one whose kernel dies
     while it starts would watch its new parent (init) and never end."""
@@ -300,14 +293,17 @@ def test_workers_end_with_a_kernel_killed_while_they_start(tmp_path: Path) -> No
                 worker.kill()
 
 
-@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
-def test_workers_started_by_spawn_or_a_forkserver_train(tmp_path: Path,
-                                                       start_method: str) -> None:
-    """A forkserver, not the trainer, is its workers' parent: they must not take that for
-    their trainer's death."""
+def _train_with_workers_started_by(start_method: str) -> list[int]:
     loader = DataLoader(Augmented(), batch_size=BATCH, shuffle=True, num_workers=2,
                         multiprocessing_context=start_method)
     model, optimizer = model_and_optimizer()
     history = fit(model, optimizer, loader, max_steps=3, device="cpu", progress=False,
                   seed=11)
-    assert [row["step"] for row in history.steps] == [3]
+    return [row["step"] for row in history.steps]
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_a_forkserver_train(start_method: str) -> None:
+    """A forkserver, not the trainer, is its workers' parent: they must not take that for
+    their trainer's death. (In a child: the forkserver lives as long as its process.)"""
+    assert in_child(_train_with_workers_started_by, start_method) == [3]

@@ -22,6 +22,7 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from process_helpers import ended
 from waiting import wait_for
 
 from ipycloud.runtime.train import distributed
@@ -282,14 +283,6 @@ def sleep_forever(folder):
 
 launch(sleep_forever, sys.argv[1], nprocs=2)
 """
-
-
-def ended(process: psutil.Process) -> bool:
-    """Whether it has ended (a zombie has: it only waits for its new parent to reap it)."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def test_the_ranks_end_with_a_kernel_killed_while_they_run(tmp_path: Path) -> None:

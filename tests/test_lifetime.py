@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
 from checkpoint_helpers import in_child
+from process_helpers import descriptors_of_a_fork, descriptors_of_this_process
 
 from ipycloud.runtime.lifetime import end_with
 
 
-def descriptor_targets() -> list[str]:
-    """What each open descriptor of this process refers to."""
-    targets = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
-            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return targets
-
-
 def _fork_after_end_with() -> dict[str, list[str]]:
     end_with(os.getppid())
-    reader, writer = os.pipe()
-    child = os.fork()
-    if child == 0:  # as a DataLoader worker forked by a launch rank
-        os.write(writer, "\n".join(descriptor_targets()).encode())
-        os._exit(0)
-    os.close(writer)
-    inherited = os.read(reader, 1 << 16).decode().splitlines()
-    os.close(reader)
-    os.waitpid(child, 0)
-    return {"here": descriptor_targets(), "forked": inherited}
+    return {"here": descriptors_of_this_process(), "forked": descriptors_of_a_fork()}
 
 
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="watches the parent through a pidfd")
