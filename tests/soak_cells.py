@@ -109,15 +109,16 @@ def _kill_at_random_step(training: Training, folder: Path, logs: Path, rng: rand
     try:
         saved = victim.wait_for(lambda event: event["event"] == "saved", WATCHDOG_S,
                                 "its first checkpoint")
+        if saved["step"] + 1 >= training.steps:
+            raise VictimEnded(f"{victim.label} acknowledged no checkpoint before its end")
         target = rng.randint(saved["step"] + 1, training.steps - 1)
-        reached = victim.wait_for(lambda event: event["event"] == "finished" or (
-            event["event"] == "step" and event["step"] >= target), WATCHDOG_S, f"step {target}")
-        if reached["event"] == "finished":
-            raise VictimEnded(f"{victim.label} finished before step {target}")
+        victim.wait_for(lambda event: event["event"] == "step" and event["step"] >= target,
+                        WATCHDOG_S, f"step {target}")
         time.sleep(rng.uniform(0, 0.01))
         left = victim.kill()
-        result.killed_at_step = reached["step"]
         victim.drain()  # what it wrote before it died
+        result.killed_at_step = max(event["step"] for event in victim.events
+                                    if event["event"] == "step")
         result.acknowledged = max(event["step"] for event in victim.events
                                   if event["event"] == "saved")
         killed_events, before = len(victim.events), inspect(folder).manifests.keys()
