@@ -47,7 +47,7 @@ RESULTS = Path(__file__).parent / "results" / "soak_kill.json"
 KILLS = {"blocking": 110, "writer process": 110, "thread": 100, "writer killed": 100,
          "fit": 100}
 COLUMNS = ("kills", "lost", "corrupt", "committed_after_kill", "left_behind")
-PLURALS = {"writer process": "writer processes", "worker": "DataLoader workers",
+PLURALS = {"writer process": "writer processes", "worker": "other children (DataLoader workers)",
            "rank": "launch ranks"}
 
 
