@@ -6,6 +6,7 @@ import copy
 import math
 import os
 import random
+import re
 import resource
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from checkpoint_helpers import differences, in_child
@@ -420,6 +422,43 @@ def test_auto_writes_in_the_background_only_when_training_leaves_a_core(
     returned = manager.save({"weights": torch.ones(8)}, step=1, blocking="auto")
     assert (returned is None) is in_background
     assert manager.wait().step == 1  # type: ignore[union-attr]
+
+
+def writer_processes() -> int:
+    """The child processes of this one (a manager's writer process is its only one)."""
+    return len(psutil.Process().children())
+
+
+@pytest.mark.skipif(not writer_process.supported(), reason="the writer process needs Linux")
+@pytest.mark.parametrize(("background", "auto_in_background", "writer"), [
+    ("auto", False, "process"), ("never", False, "process"), ("thread", True, "thread"),
+    ("process", True, "process")])
+def test_background_decides_how_auto_saves_are_written_and_by_whom(
+        tmp_path: Path, four_cores: None, background: Any, auto_in_background: bool,
+        writer: str) -> None:
+    torch.set_num_threads(4)  # every core busy: "auto" alone writes at once
+    manager = CheckpointManager(tmp_path / "run", background=background)
+    returned = manager.save({"weights": torch.ones(8)}, step=1, blocking="auto")
+    assert (returned is None) is auto_in_background
+    assert manager.wait().step == 1  # type: ignore[union-attr]
+    assert writer_processes() == (writer == "process" and auto_in_background)
+    assert manager.save({"weights": torch.ones(8)}, step=2, blocking=False) is None
+    assert manager.wait().step == 2  # type: ignore[union-attr]
+    assert writer_processes() == (writer == "process")
+    saved = manager.save({"weights": torch.ones(8)}, step=3, blocking=True)
+    assert saved is not None and saved.step == 3
+    manager.close()
+    assert [info.step for info in manager.list()] == [1, 2, 3]
+    shown = "" if background == "auto" else f", background={background!r}"
+    assert repr(manager).endswith(f"keep_best=None{shown})")
+
+
+@pytest.mark.parametrize("background", ["yes", True, None, "Thread"])
+def test_bad_background_is_a_value_error(tmp_path: Path, background: Any) -> None:
+    with pytest.raises(ValueError, match=(
+            r"^background must be 'auto', 'process', 'thread' or 'never', not "
+            + re.escape(repr(background)) + "$")):
+        CheckpointManager(tmp_path / "run", background=background)
 
 
 def test_auto_writes_in_the_background_for_a_state_on_an_accelerator(four_cores: None) -> None:

@@ -4,6 +4,7 @@ with its own run."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 from kernels import kernel, run
+from waiting import wait_for
 
 import ipycloud
 from ipycloud.runtime.checkpoint import (
@@ -142,6 +145,24 @@ def test_a_fresh_process_continues_the_newest_run_whose_writer_is_gone(tmp_path:
     manager.save({"value": torch.tensor(2.0)}, 2)
     manager.save({"value": torch.tensor(3.0)}, 3)
     assert steps_by_run(folder) == {run: [2, 3]}  # rotated: one run, keep_last=2
+
+
+def test_a_writer_that_died_unreaped_is_gone(tmp_path: Path) -> None:
+    """A launch rank whose kernel was killed is an orphan, a zombie until init reaps it
+    (late, or never in a container without an init)."""
+    folder = tmp_path / "run"
+    first = OtherKernel(folder)
+    run = first.ask(do="save", value=1.0, step=1)
+    try:
+        first.process.send_signal(signal.SIGKILL)  # and not reaped
+        wait_for(lambda: psutil.Process(first.process.pid).status() == psutil.STATUS_ZOMBIE,
+                 what="the writer a zombie")
+        manager = CheckpointManager(folder, keep_last=2)
+        assert manager.live_writers() == {}
+        manager.save({"value": torch.tensor(2.0)}, 2)
+        assert steps_by_run(folder) == {run: [1, 2]}  # its run goes on
+    finally:
+        first.kill()
 
 
 def test_a_process_that_only_reads_loads_the_live_writers_newest(

@@ -7,6 +7,7 @@ import gc
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import psutil
 import pytest
 import torch
 from checkpoint_helpers import differences, in_child
+from process_helpers import descriptors_of_a_fork, descriptors_of_this_process
 from torch import nn
 from waiting import wait_for
 
@@ -135,6 +137,61 @@ def test_a_writer_killed_mid_save_fails_that_save_and_the_next_starts_anew(
     assert writer_pid(manager) != pid
     assert steps_and_status(manager) == [(1, "complete"), (3, "complete")]
     manager.close()
+
+
+def test_a_worker_forked_while_the_writer_process_starts_does_not_hold_up_the_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training thread forks a DataLoader worker (an epoch starts) just as the writer
+    process is being started: the worker must not inherit the pipe through which
+    subprocess waits for that start, or the save waits for the worker to end."""
+    in_fork_exec, worker_forked = threading.Event(), threading.Event()
+    name = "_fork_exec" if hasattr(subprocess, "_fork_exec") else "fork_exec"
+    module: Any = subprocess if name == "_fork_exec" else subprocess._posixsubprocess  # type: ignore[attr-defined]
+    fork_exec = getattr(module, name)
+
+    def fork_exec_while_a_worker_is_forked(*args: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            in_fork_exec.set()
+            worker_forked.wait(30)
+        return fork_exec(*args)
+
+    monkeypatch.setattr(module, name, fork_exec_while_a_worker_is_forked)
+    manager = CheckpointManager(tmp_path / "run")
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    wait_for(lambda: in_fork_exec.is_set() or psutil.Process().children(),
+             what="the writer process being started")
+    reader, writer = os.pipe()
+    worker = os.fork()
+    if worker == 0:  # a DataLoader worker: holds what it inherited until its epoch ends
+        os.close(writer)
+        os.read(reader, 1)
+        os._exit(0)
+    os.close(reader)
+    worker_forked.set()
+    waiter = threading.Thread(target=manager.wait, daemon=True)
+    try:
+        waiter.start()
+        waiter.join(30)
+        assert not waiter.is_alive(), "the save waits for the worker to end"
+    finally:
+        os.close(writer)
+        os.waitpid(worker, 0)
+    assert manager.wait().step == 1  # type: ignore[union-attr]
+    manager.close()
+
+
+def test_a_request_cut_short_ends_the_writer_quietly(capfd: pytest.CaptureFixture[str]) -> None:
+    """Its process died while sending a request (the writer may read the cut before it
+    sees the death): the writer's output goes to the kernel's log, and it stays clean."""
+    process = writer_process.WriterProcess()
+    process.stage({"weights": torch.ones(8)})  # starts the child
+    child, sock = process._child, process._socket
+    assert child is not None and sock is not None
+    sock.sendall(writer_process._HEADER.pack(1000) + b"the first bytes")
+    sock.shutdown(socket.SHUT_WR)
+    assert child.wait(timeout=60) == 0
+    assert capfd.readouterr().err == ""
+    process.close()
 
 
 def _write_error_in_the_writer(folder: str) -> dict[str, Any]:
@@ -333,15 +390,6 @@ def test_a_writer_whose_kernel_died_commits_nothing_over_a_later_checkpoint(
     assert not [path.name for path in folder.iterdir() if path.name.startswith(".tmp-")]
 
 
-def descriptors_of_this_process() -> list[str]:
-    """What each open descriptor of this process refers to."""
-    targets = []
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
-            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return targets
-
-
 def resources_held() -> dict[str, int]:
     """The regions, descriptors, threads and child processes of checkpoint writers here."""
     maps = Path("/proc/self/maps").read_text().splitlines()
@@ -379,15 +427,7 @@ def test_a_forked_process_keeps_no_region_or_lock_descriptor(tmp_path: Path) -> 
     with folder_lock(folder):  # as a background save holds it while a worker is forked
         assert any("memfd:ipycloud-checkpoint" in target
                    for target in descriptors_of_this_process())
-        reader, writer = os.pipe()
-        child = os.fork()
-        if child == 0:
-            os.write(writer, "\n".join(descriptors_of_this_process()).encode())
-            os._exit(0)
-    os.close(writer)
-    inherited = os.read(reader, 1 << 16).decode().splitlines()
-    os.close(reader)
-    os.waitpid(child, 0)
+        inherited = descriptors_of_a_fork()
     assert not [target for target in inherited
                 if "memfd:ipycloud" in target or target.endswith(LOCK_NAME)]
     manager.save({"weights": torch.zeros(8)}, step=2, blocking=False)  # the parent's own

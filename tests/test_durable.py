@@ -6,13 +6,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from waiting import wait_for
 
 from ipycloud.runtime.durable import (
     is_temporary,
+    stale_temporaries,
     stale_temporary,
     temp_name_for,
     write_bytes_atomically,
@@ -81,15 +84,38 @@ def test_a_long_temporary_name_of_a_dead_writer_is_stale_and_of_a_live_one_is_no
     assert stale_temporary(temp)
 
 
-def test_a_temporary_name_of_a_writer_dead_but_not_yet_reaped_is_stale() -> None:
-    """A writer whose parent died is reaped by whoever adopted it, maybe never."""
+def test_the_temporary_file_of_a_writer_that_ended_unreaped_is_stale(tmp_path: Path) -> None:
+    """A writer that died and that no parent has reaped yet (an orphan waiting for an init
+    that reaps late, or never) still has its PID, as a zombie."""
     writer = os.fork()
     if writer == 0:
         os._exit(0)
     try:
-        temp = f".tmp-{writer}-0123abcd-step-000000002.pt"
-        wait_for(lambda: Path(f"/proc/{writer}/stat").read_text().split()[2] == "Z",
+        wait_for(lambda: psutil.Process(writer).status() == psutil.STATUS_ZOMBIE,
                  what="the writer a zombie")
-        assert stale_temporary(temp)
+        name = f".tmp-{writer}-0123abcd-step-000000001.pt"
+        (tmp_path / name).write_bytes(b"partial")
+        assert stale_temporary(name)
+        assert [path.name for path in stale_temporaries(tmp_path)] == [name]
     finally:
         os.waitpid(writer, 0)
+
+
+def test_a_temporary_file_older_than_the_process_that_has_its_pid_now_is_stale(
+        tmp_path: Path) -> None:
+    """Its writer died and, PIDs wrapping around, another process took its PID over."""
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    assert other.stdin is not None
+    try:
+        name = f".tmp-{other.pid}-0123abcd-step-000000001.pt"
+        leftover = tmp_path / name
+        leftover.write_bytes(b"partial")
+        an_hour_ago = time.time() - 3600
+        os.utime(leftover, (an_hour_ago, an_hour_ago))
+        assert [path.name for path in stale_temporaries(tmp_path)] == [name]
+        os.utime(leftover)  # changed now, while that process runs: it may be writing it
+        assert list(stale_temporaries(tmp_path)) == []
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)

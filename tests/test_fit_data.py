@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
-from checkpoint_helpers import differences
+from checkpoint_helpers import differences, in_child
+from process_helpers import ended
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler, WeightedRandomSampler
+from waiting import wait_for
 
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.distributed import launch
@@ -245,3 +251,59 @@ def test_a_checkpoint_from_two_processes_resumes_in_one_without_skipping(
     before = [int(line) for line in first.read_text().split()]
     after = [int(line) for line in second.read_text().split()]
     assert len(before) == 24 and sorted(before + after) == list(range(48))
+
+
+KERNEL_TRAINING = """
+import os, sys, time
+from pathlib import Path
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from ipycloud.runtime.train.loop import fit
+
+def slow_start(worker_id):  # as a worker importing a large library takes a while
+    Path(sys.argv[1], f"worker-{worker_id}.pid").write_text(str(os.getpid()))
+    time.sleep(2)
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+model = torch.nn.Linear(4, 2)
+loader = DataLoader(data, batch_size=8, num_workers=2, worker_init_fn=slow_start)
+fit(model, torch.optim.SGD(model.parameters(), lr=0.1), loader, device="cpu", progress=False)
+"""
+
+
+def test_workers_end_with_a_kernel_killed_while_they_start(tmp_path: Path) -> None:
+    """torch's workers watch the parent they find once started: one whose kernel dies
+    while it starts would watch its new parent (init) and never end."""
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_TRAINING, str(tmp_path)])
+    pid_files = [tmp_path / "worker-0.pid", tmp_path / "worker-1.pid"]
+    try:
+        wait_for(lambda: all(path.exists() and path.read_text() for path in pid_files),
+                 timeout=60, what="both workers starting")
+        workers = [psutil.Process(int(path.read_text())) for path in pid_files]
+    finally:
+        kernel.kill()
+        kernel.wait()
+    try:
+        wait_for(lambda: all(ended(worker) for worker in workers), timeout=15,
+                 what="the workers ended with their kernel")
+    finally:
+        for worker in workers:
+            with contextlib.suppress(psutil.Error):
+                worker.kill()
+
+
+def _train_with_workers_started_by(start_method: str) -> list[int]:
+    loader = DataLoader(Augmented(), batch_size=BATCH, shuffle=True, num_workers=2,
+                        multiprocessing_context=start_method)
+    model, optimizer = model_and_optimizer()
+    history = fit(model, optimizer, loader, max_steps=3, device="cpu", progress=False,
+                  seed=11)
+    return [row["step"] for row in history.steps]
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_workers_started_by_spawn_or_a_forkserver_train(start_method: str) -> None:
+    """A forkserver, not the trainer, is its workers' parent: they must not take that for
+    their trainer's death. (In a child: the forkserver lives as long as its process.)"""
+    assert in_child(_train_with_workers_started_by, start_method) == [3]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -21,6 +22,8 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from process_helpers import ended
+from waiting import wait_for
 
 from ipycloud.runtime.train import distributed
 from ipycloud.runtime.train.distributed import (
@@ -266,6 +269,41 @@ def test_interrupting_the_kernel_stops_every_rank(tmp_path: Path) -> None:
     assert time.monotonic() - started < PROMPT_S
     for path in pid_files:
         assert not psutil.pid_exists(int(path.read_text()))
+
+
+KERNEL_LAUNCHING = """
+import os, sys, time
+from pathlib import Path
+import torch.distributed as dist
+from ipycloud.runtime.train.distributed import launch
+
+def sleep_forever(folder):
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+launch(sleep_forever, sys.argv[1], nprocs=2)
+"""
+
+
+def test_the_ranks_end_with_a_kernel_killed_while_they_run(tmp_path: Path) -> None:
+    """A kernel killed by the out-of-memory killer, say: its ranks must not train on and
+    write checkpoints beside the next kernel."""
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL_LAUNCHING, str(tmp_path)])
+    pid_files = [tmp_path / "0.pid", tmp_path / "1.pid"]
+    try:
+        wait_for(lambda: all(path.exists() and path.read_text() for path in pid_files),
+                 timeout=PROMPT_S, what="both ranks running")
+        ranks = [psutil.Process(int(path.read_text())) for path in pid_files]
+    finally:
+        kernel.kill()
+        kernel.wait()
+    try:
+        wait_for(lambda: all(ended(rank) for rank in ranks), timeout=PROMPT_S,
+                 what="the ranks ended with their kernel")
+    finally:
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.kill()
 
 
 @pytest.mark.parametrize(("how", "expected", "code"), [

@@ -2,6 +2,7 @@
 
 By capability: ``machine`` (what this machine is), ``monitor`` (what it is doing),
 ``guard`` (keeping the session alive), ``checkpoint``, ``storage``, ``train``; beside them
-the shared helpers ``durable``, ``messages``, ``units``, ``tables``, ``_optional`` and
-``per_process``. The import order is kept by import-linter (pyproject.toml).
+the shared helpers ``durable``, ``messages``, ``units``, ``tables``, ``_optional``,
+``per_process`` and ``lifetime``. The import order is kept by import-linter
+(pyproject.toml).
 """

@@ -35,6 +35,9 @@ _TEMP_NAME = re.compile(rf"{re.escape(TEMP_PREFIX)}(\d+)-[0-9a-f]{{8}}-.")
 _SAFE_NAME_BYTES = 143
 LOCK_NAME = ".ipycloud.lock"
 _CHUNK = 64 * 1024 * 1024
+# A process that started this long after a temporary file last changed is not its writer
+# (process start times are known to about a second).
+_PID_REUSE_SLACK_S = 2.0
 # fsync on a folder is refused by some FUSE and network file systems; the rename still holds.
 _FOLDER_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF,
                              errno.EISDIR, errno.EACCES}
@@ -310,32 +313,44 @@ def _writer_pid(name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs: a zombie (dead, not yet reaped) does not."""
+def _writer_running(pid: int, changed: float | None) -> bool:
+    """Whether the process ``pid`` runs and may have written a file last changed at
+    ``changed`` (Unix seconds; None: unknown)."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # ended, not reaped yet
+            return False
+        return changed is None or process.create_time() <= changed + _PID_REUSE_SLACK_S
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat_file:  # "pid (name) state ..."
-            return stat_file.read().rpartition(b")")[2].split()[0] != b"Z"
-    except (OSError, IndexError):  # no /proc here, or the process just went
+    except psutil.Error:  # not ours to look at: it runs
         return True
 
 
-def stale_temporary(name: str) -> bool:
+def stale_temporary(name: str, changed: float | None = None) -> bool:
     """Whether ``name`` is a temporary file of a writer that is gone (or of this process,
-    between writes)."""
+    between writes).
+
+    A writer is gone when no process runs with its PID (one that ended but is not reaped
+    yet included), or, given ``changed`` (when the file last changed, in Unix seconds),
+    when the process with that PID started after it: another process took the PID over.
+    """
     pid = _writer_pid(name)
-    return pid is not None and (pid == os.getpid() or not _process_alive(pid))
+    return pid is not None and (pid == os.getpid() or not _writer_running(pid, changed))
 
 
 def stale_temporaries(folder: Path) -> Iterator[Path]:
     """Temporary files left by writers that died (or by this process, between writes)."""
     for entry in folder.iterdir():
-        if stale_temporary(entry.name):
+        if not is_temporary(entry.name):
+            continue
+        try:
+            changed = entry.lstat().st_mtime
+        except FileNotFoundError:
+            continue
+        if stale_temporary(entry.name, changed):
             yield entry
 
 

@@ -52,6 +52,8 @@ from ipycloud.runtime.durable import (
 
 Which = str | int
 Blocking = bool | Literal["auto"]
+Background = Literal["auto", "process", "thread", "never"]
+BACKGROUNDS: tuple[Background, ...] = ("auto", "process", "thread", "never")
 WriteData = Callable[[Path, Any], FileDigest]  # writes a payload to a data file atomically
 
 KEEP_LAST = 3  # the newest checkpoints a folder keeps unless told otherwise
@@ -93,15 +95,26 @@ class CheckpointManager:
     process writes. Rotation removes only checkpoints of this process's run; "latest" and
     "best" pick one of a run another live process writes only when the folder holds no
     other (a process that only reads the folder).
+
+    ``background`` is how the saves that leave it open (``blocking="auto"``, as ``fit``'s
+    periodic checkpoints) are written: "auto" in the background where that costs a training
+    loop less (see ``save``), "never" at once, "process" or "thread" always in the
+    background. A background save is written by a thread of this process with "thread";
+    otherwise by the writer process where it can (Linux, a state in host memory), else by
+    a thread.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None,
                  keep_last: int | None = KEEP_LAST, keep_best: tuple[Any, ...] | None = None,
-                 *, run: str = "default",
+                 *, run: str = "default", background: Background = "auto",
                  fallback: str | os.PathLike[str] | None = "auto") -> None:
         if not is_available("torch"):
             require("torch", "torch")  # raises the ImportError that names the extra
         check_keep_last(keep_last)
+        if background not in BACKGROUNDS:
+            raise ValueError("background must be 'auto', 'process', 'thread' or 'never', "
+                             f"not {background!r}")
+        self.background = background
         self.directory = Path(directory) if directory is not None else default_directory(run)
         self._fallback = (None if fallback is None else
                           fallback if fallback == "auto" else Path(fallback))
@@ -119,8 +132,9 @@ class CheckpointManager:
     def __repr__(self) -> str:
         pending = self._pending
         writing = "" if pending is None else f", writing step {pending.step}"
+        background = "" if self.background == "auto" else f", background={self.background!r}"
         return (f"CheckpointManager({str(self.directory)!r}, keep_last={self.keep_last!r}, "
-                f"keep_best={self.keep_best!r}{writing})")
+                f"keep_best={self.keep_best!r}{background}{writing})")
 
     # -- saving ------------------------------------------------------------------------------
 
@@ -140,7 +154,8 @@ class CheckpointManager:
         At most one write is in flight: the next call waits for it and raises its failure.
         ``blocking="auto"`` writes in the background only where that costs a training loop
         less: the state is on an accelerator, or torch's threads
-        leave a core free; otherwise it writes at once and returns the checkpoint.
+        leave a core free; otherwise it writes at once and returns the checkpoint. The
+        manager's ``background`` can make "auto" always or never write in the background.
         """
         self.wait()
         _check_step(step)
@@ -164,8 +179,7 @@ class CheckpointManager:
         payload = {"format": catalog.FORMAT, "state": captured.saved, "kinds": captured.kinds,
                    "shapes": captured.shapes, "rng": rng_states}
         devices = tensor_devices(captured.saved)
-        in_background = background_pays_off(devices) if blocking == "auto" else not blocking
-        if not in_background:
+        if not self._in_background(blocking, devices):
             return self._write(details, payload, write_data_file)
         staged, write_data = self._stage(payload, in_host_memory=devices <= {"cpu"})
         self._pending = CheckpointInfo(name=catalog.base_name(step, tag),
@@ -173,6 +187,13 @@ class CheckpointManager:
                                        status=catalog.WRITING, **details)
         self._writer.submit(lambda: self._write_in_background(details, staged, write_data))
         return None
+
+    def _in_background(self, blocking: Blocking, devices: set[str]) -> bool:
+        if isinstance(blocking, bool):
+            return not blocking
+        if self.background == "auto":
+            return background_pays_off(devices)
+        return self.background != "never"
 
     def _claim_run(self) -> str:
         """This process's run in the folder, claimed at its first save there."""
@@ -189,10 +210,10 @@ class CheckpointManager:
         save.)
 
         A state in host memory goes to shared memory for the writer process, where this
-        system has one and the memory can be had; a state on an accelerator goes to pinned
-        buffers for a thread.
+        system has one, the memory can be had and ``background`` is not "thread"; any
+        other state goes to host buffers (pinned for an accelerator's) for a thread.
         """
-        if writer_process.supported() and in_host_memory:
+        if self.background != "thread" and writer_process.supported() and in_host_memory:
             if self._process is None or not self._process.owned_here():
                 self._process = WriterProcess()  # a forked child starts its own
             with contextlib.suppress(OSError):  # no shared memory: a thread writes it

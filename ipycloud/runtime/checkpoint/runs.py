@@ -9,8 +9,9 @@ notebooks on one folder). Rotation removes only checkpoints of the writer's own 
 A writer announces itself with a lease file in the folder, ``.ipycloud-run-<id>.json``:
 process id, host, the process's start time and the notebook. A run is live elsewhere when
 its lease names another process on this host that is still running (the start time tells
-a reused process id apart). Writers on other machines cannot be seen: their runs count as
-gone, so a run preempted on one machine is resumed on the next.
+a reused process id apart; one that ended but is not reaped yet has ended). Writers on
+other machines cannot be seen: their runs count as gone, so a run preempted on one
+machine is resumed on the next.
 """
 
 from __future__ import annotations
@@ -98,7 +99,10 @@ def _running_elsewhere(writer: Writer) -> bool:
     if writer.host != socket.gethostname() or writer.pid == os.getpid():
         return False
     try:
-        started = psutil.Process(writer.pid).create_time()
+        process = psutil.Process(writer.pid)
+        if process.status() == psutil.STATUS_ZOMBIE:  # ended, not reaped yet
+            return False
+        started = process.create_time()
     except psutil.Error:
         return False
     return abs(started - writer.started) < _START_SLACK_S

@@ -14,51 +14,37 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
-import select
 import signal
 import socket
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.checkpoint import shared_buffers
 from ipycloud.runtime.checkpoint.data_file import write_data_temporary
 from ipycloud.runtime.checkpoint.writer_process import receive_message, send_message
+from ipycloud.runtime.lifetime import end_with
 
 
 def main(fd: int, parent: int) -> None:
     """Serve write requests on the socket ``fd`` until it closes or ``parent`` dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
-    _die_with(parent)
+    end_with(parent)
     region: mmap.mmap | None = None
     with socket.socket(fileno=fd) as sock:
-        while (message := receive_message(sock)) is not None:
+        while (message := _next_request(sock)) is not None:
             body, fds = message
             if fds:
                 region = _map(fds)
             send_message(sock, pickle.dumps(_write(body, region)))
 
 
-def _die_with(parent: int) -> None:
-    """End this process as soon as ``parent`` dies, even mid-write: a thread waits on the
-    parent's pidfd (Linux), else looks for a new parent twice a second."""
+def _next_request(sock: socket.socket) -> tuple[bytes, list[int]] | None:
+    """The next request, or None at the end: the parent closed the socket, or died while
+    sending (the end of a request cut short is read before the death is seen)."""
     try:
-        watched: int | None = os.pidfd_open(parent)
-    except (AttributeError, OSError):
-        watched = None
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            if watched is not None:
-                select.select([watched], [], [])  # readable once the parent has exited
-            else:
-                time.sleep(0.5)
-        os._exit(0)  # what it was writing stays a temporary file, removed by the next save
-
-    if os.getppid() != parent:  # gone already
-        os._exit(0)
-    threading.Thread(target=watch, name="ipycloud-watch-parent", daemon=True).start()
+        return receive_message(sock)
+    except (EOFError, ConnectionError):
+        return None
 
 
 def _map(fds: list[int]) -> mmap.mmap:

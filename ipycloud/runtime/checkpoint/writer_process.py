@@ -72,25 +72,37 @@ class WriterProcess:
         return self._owner == os.getpid()
 
     def stage(self, payload: Any) -> Any:
-        """A copy of ``payload`` whose tensors are in shared memory (the caller's cost)."""
+        """A copy of ``payload`` whose tensors are in shared memory (the caller's cost).
+
+        The child is started here, in the caller's thread, unless it runs already. Started
+        by the thread that writes, it could be started while the caller forks (a
+        DataLoader worker, as an epoch begins): the forked process would hold the pipe
+        through which subprocess learns that the child has started, and the start, the
+        save and the caller waiting for it would wait for that process to end.
+        """
         with self._priority_lock:
             self._hurried = False  # a new save: written at idle priority until waited for
+        with self._lock:
+            if not self._running():
+                self._forget_child()
+                with contextlib.suppress(OSError):  # no interpreter: ``write`` writes it
+                    self._start_child()
         return self._buffers.copy(payload)
 
     def write(self, path: Path, staged: Any) -> FileDigest:
         """Have the child write ``staged`` (a result of ``stage``) to ``path`` atomically:
         the child writes a temporary file, renamed into place here.
 
-        Where no child can be started (no interpreter at ``sys.executable``, as in some
-        embedded Pythons), the calling thread writes it. Raises the child's OSError, or
-        CheckpointError if the child failed or died.
+        Where no child runs (none could be started: no interpreter at ``sys.executable``,
+        as in some embedded Pythons; or it died since ``stage``), the calling thread writes
+        it. Raises the child's OSError, or CheckpointError if the child failed or died.
         """
         request = pickle.dumps((str(path), self._buffers.dumps(staged)))
         with self._lock:
-            try:
-                child, sock = self._running_child()
-            except OSError:
+            if not self._running():
                 return write_data_file(path, staged)
+            child, sock = self._child, self._socket
+            assert child is not None and sock is not None
             with self._priority_lock:
                 set_idle(child.pid, not self._hurried)
             new_region = self._child_generation != self._buffers.generation
@@ -121,12 +133,9 @@ class WriterProcess:
         self._forget_child()
         self._buffers.close()
 
-    def _running_child(self) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        if self._child is None or self._socket is None or self._child.poll() is not None:
-            self._forget_child()
-            self._start_child()
-        assert self._child is not None and self._socket is not None
-        return self._child, self._socket
+    def _running(self) -> bool:
+        return (self._child is not None and self._socket is not None
+                and self._child.poll() is None)
 
     def _start_child(self) -> None:
         ours, theirs = socket.socketpair()

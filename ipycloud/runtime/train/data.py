@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
+import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -173,7 +175,8 @@ def _rebuild(data: Iterable[Any], seed: int, rank: int,
     settings = {name: getattr(data, name) for name in _LOADER_SETTINGS if hasattr(data, name)}
     if data.num_workers > 0:
         settings["prefetch_factor"] = data.prefetch_factor
-    settings["worker_init_fn"] = WorkerInit(settings.get("worker_init_fn"))
+    settings["worker_init_fn"] = WorkerInit(settings.get("worker_init_fn"),
+                                            _workers_parent(data))
     if seeded:
         dataset = SeededDataset(dataset, seed)
     loader: Any
@@ -184,6 +187,16 @@ def _rebuild(data: Iterable[Any], seed: int, rank: int,
     loader = DataLoader(dataset, batch_size=data.batch_size, sampler=sampler,
                         drop_last=data.drop_last, generator=torch.Generator(), **settings)
     return loader, sampler, data.batch_size or 1
+
+
+def _workers_parent(data: Any) -> int | None:
+    """This process, when it is the parent of the loader's workers (started by fork or
+    spawn; a forkserver starts them as its own children)."""
+    context = data.multiprocessing_context
+    method = (context.get_start_method() if context is not None
+              else multiprocessing.get_start_method(allow_none=True)
+              or multiprocessing.get_all_start_methods()[0])  # the default, left unset
+    return os.getpid() if method in ("fork", "spawn") else None
 
 
 def loader(dataset: Any, batch_size: int, shuffle: bool = True, **overrides: Any) -> Any:

@@ -40,6 +40,7 @@ from multiprocessing import connection
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ipycloud.runtime._optional import require
+from ipycloud.runtime.lifetime import end_with
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.train.device import usable_gpus
 from ipycloud.runtime.train.interrupt import deliver_sigterm
@@ -109,6 +110,7 @@ class _Plan:
     use_cuda: bool  # one GPU per rank: rank r uses cuda:r
     port: int
     threads: int  # torch intra-op threads per rank
+    launcher: int  # the PID of the process that launches: every rank ends with it
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,7 @@ def _plan(nprocs: int | None, backend: str) -> _Plan:
     if chosen == "nccl":
         _check_nccl(count, gpus)
     return _Plan(nprocs=count, backend=chosen, use_cuda=0 < count <= gpus,
-                 port=_free_port(), threads=max(1, cpus // count))
+                 port=_free_port(), threads=max(1, cpus // count), launcher=os.getpid())
 
 
 def _auto_backend(gpus: int) -> str:
@@ -380,6 +382,7 @@ def _worker_main(rank: int, plan: _Plan, fn: Callable[..., Any], args: Sequence[
 def _init_worker(rank: int, plan: _Plan) -> None:
     import torch
 
+    end_with(plan.launcher)  # a kernel killed mid-launch takes its ranks with it
     # OpenMP thread pools do not survive fork: size torch's pool before anything uses it.
     torch.set_num_threads(plan.threads)
     _reset_inherited_signals()

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
+from ipycloud.runtime.lifetime import end_with
+
 
 class DeferredInterrupt:
     """While active in the main thread, SIGINT sets ``requested`` instead of raising.
@@ -106,19 +108,25 @@ def deliver_sigterm(handler: Any) -> None:
 
 class WorkerInit:
     """A DataLoader ``worker_init_fn`` that lets workers outlive an interrupt of the kernel
-    and the SIGTERM of a machine going away.
+    and the SIGTERM of a machine going away, and makes them end with the process that
+    trains.
 
     Jupyter interrupts the kernel's whole process group, and a machine going away sends
     SIGTERM to every process; a worker that died of either would fail the step ``fit``
-    finishes before saving. The loader stops its workers itself (and they end once the
-    training process is gone). Wraps the loader's own ``worker_init_fn`` (picklable, for
-    workers started by spawn).
+    finishes before saving. The loader stops its workers itself. torch's workers watch the
+    parent they find once started, so one whose trainer dies as it starts watches its new
+    parent and never ends: given ``trainer`` (the PID of the process that trains, when it
+    is the workers' parent), they end as soon as it does. Wraps the loader's own
+    ``worker_init_fn`` (picklable, for workers started by spawn).
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, trainer: int | None = None) -> None:
         self.inner = inner
+        self.trainer = trainer
 
     def __call__(self, worker_id: int) -> None:
+        if self.trainer is not None:
+            end_with(self.trainer)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.inner is not None:

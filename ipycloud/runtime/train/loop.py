@@ -104,8 +104,10 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     - ``checkpoint`` (a folder or a CheckpointManager) is saved every ``checkpoint_every``
       ("10m", or an int number of steps), at every epoch's end when the manager keeps the
       best (``keep_best``; the epoch's metrics go with it), when interrupted, and at the
-      end. ``resume="auto"`` continues from its latest checkpoint, mid-epoch included;
-      ``resume=False`` starts afresh; True, a step or a tag resumes from that checkpoint.
+      end; a CheckpointManager's ``background`` decides whether the periodic ones are
+      written in the background. ``resume="auto"`` continues from its latest checkpoint,
+      mid-epoch included; ``resume=False`` starts afresh; True, a step or a tag resumes
+      from that checkpoint.
     - ``callbacks`` may define ``on_step_end(step, logs)`` (every optimizer step; the loss
       is read every ``log_every`` steps and None in between), ``on_epoch_end(epoch, logs)``
       and ``on_checkpoint(info)``; a hook returning True stops the run.
