@@ -143,6 +143,27 @@ def _interrupt() -> None:
     raise KeyboardInterrupt  # as a second Ctrl-C stops at once, without saving
 
 
+def test_a_failure_is_told_once_though_a_background_save_met_it_first(
+        faulty_mount: FaultyMount) -> None:
+    """The mount drops while a save is written in the background: the next save hears of
+    that failure, then meets the same one itself; the user is told once."""
+    folder = faulty_mount.path / "checkpoints"
+    saver = resilient_saver(CheckpointManager(folder))
+    state = {"model": nn.Linear(6, 3)}
+    saver.save(state, 1)
+    faulty_mount.fail(errno.ENOTCONN, ops="write")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        saver.save(state, 2, blocking=False)  # fails in the background
+        saver.wait()  # the failure of step 2 is told here
+        faulty_mount.fail(errno.ENOTCONN)  # the whole mount now
+        saver.save(state, 3, blocking=False)  # fails at once: moves to the fallback folder
+    failures = [text for text in told(caught) if " failed: " in text]
+    assert len(failures) == 1, told(caught)
+    assert "Transport endpoint is not connected" in failures[0]
+    assert saver.on_fallback and saver.newest is not None and saver.newest.step == 3
+
+
 def test_a_run_that_saves_nowhere_is_an_error_after_training(
         faulty_mount: FaultyMount, scratch: Path) -> None:
     (scratch / "ipycloud-fallback").write_text("a file where the fallback folder goes")

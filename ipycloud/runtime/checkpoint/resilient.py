@@ -233,8 +233,11 @@ class ResilientSaver:
 
 
 def _kind(error: CheckpointStorageError) -> str:
-    """The kind of a failure, told once: its error number's name, or what failed."""
+    """The kind of a failure, told once: its error number's name, or what failed (a
+    background save's failure comes wrapped in the one that reports it)."""
     cause = error.__cause__
+    while isinstance(cause, CheckpointStorageError):
+        cause = cause.__cause__
     if isinstance(cause, OSError) and cause.errno is not None:
         return errnos.errorcode.get(cause.errno, str(cause.errno))
     return type(cause).__name__ if cause is not None else "writer"
