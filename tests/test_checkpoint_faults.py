@@ -21,6 +21,7 @@ from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import CheckpointManager, CheckpointWarning, manager_for
 from ipycloud.runtime.checkpoint.resilient import resilient_saver
+from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.train.loop import fit
 
 STEPS_PER_EPOCH, EPOCHS = 8, 3
@@ -123,6 +124,31 @@ def test_a_folder_that_never_answers_leaves_the_newest_on_this_machine(
     _, again = train(folder, progress=True)
     assert "already complete at step 24" in capsys.readouterr().out
     assert again.steps[-1]["step"] == 24
+
+
+def test_a_rerun_of_a_finished_run_copies_its_newest_back_once_the_folder_answers(
+        faulty_mount: FaultyMount, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run ended with the folder failing; the kernel restarts, the folder answers
+    again, and the cell is rerun: the run is complete, and its newest checkpoint, on this
+    machine only, goes to the folder (no later save would take it there)."""
+    folder = faulty_mount.path / "checkpoints"
+    faulty_mount.fail(errno.EROFS, ops=CHANGING)
+    with pytest.warns(CheckpointWarning):
+        train(folder)
+    faulty_mount.heal()
+    reset_process_state()  # a new kernel
+    with pytest.warns(CheckpointWarning, match=rf"{re.escape(str(folder))} answers again: "
+                                               "step 24 is copied back"):
+        _, history = train(folder, progress=True)
+    assert history.steps[-1]["step"] == 24
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "already complete at step 24" in lines[-2]
+    assert lines[-1] == f"ipycloud.fit: the newest checkpoint is step 24, in {folder}"
+    fallback = manager_for(folder).fallback
+    assert fallback is not None
+    newest = CheckpointManager(fallback, fallback=None).list()[-1]
+    copied = CheckpointManager(folder, fallback=None).list()
+    assert [(info.step, info.time) for info in copied] == [(24, newest.time)]
 
 
 def test_a_rerun_resumes_from_the_fallback_when_it_holds_the_newest(

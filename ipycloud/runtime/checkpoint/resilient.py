@@ -86,6 +86,13 @@ class ResilientSaver:
             self._tell(self._failed(error))
         return self.newest
 
+    def resumed(self, info: CheckpointInfo) -> None:
+        """A run continues from ``info``: where only the fallback folder holds it, copy it
+        back into the folder in the background, as the next save would."""
+        self._succeeded(info)
+        if info.directory != self.manager.directory:
+            self._copy_back_later()
+
     def next_step(self) -> int:
         """The manager's next step, or past the newest this saver wrote where the folder
         cannot be read now."""
