@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import re
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -208,6 +210,32 @@ def test_a_save_while_the_mount_is_away_leaves_the_bare_mount_point_alone(
     assert info is not None and info.directory == saver.manager.fallback
     faulty_mount.come_back()  # FUSE refuses to mount over files
     assert [info.step for info in CheckpointManager(folder, fallback=None).list()] == [1]
+
+
+SAVE_ONCE = """
+import sys
+from torch import nn
+from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.checkpoint.resilient import resilient_saver
+info = resilient_saver(CheckpointManager(sys.argv[1])).save({"model": nn.Linear(6, 3)}, 1)
+print(info.directory)
+"""
+
+
+def test_a_mount_failing_to_read_a_file_back_fails_the_save_not_the_process(
+        faulty_mount: FaultyMount) -> None:
+    """Every save reads its file back to checksum what the disk holds. Where the mount
+    fails that read (EIO), the save fails and goes to the fallback folder; a read through
+    a memory map would end the process with SIGBUS (so the save runs in a process of its
+    own)."""
+    folder = faulty_mount.path / "checkpoints"
+    faulty_mount.fail(errno.EIO, ops="read")
+    done = subprocess.run([sys.executable, "-c", SAVE_ONCE, str(folder)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"exit status {done.returncode}: {done.stderr[-2000:]}"
+    assert f"saving into {folder} failed: " in done.stderr
+    assert "Input/output error" in done.stderr
+    assert done.stdout.strip() == str(manager_for(folder).fallback)
 
 
 def test_a_run_that_saves_nowhere_is_an_error_after_training(
