@@ -212,6 +212,33 @@ def test_a_save_while_the_mount_is_away_leaves_the_bare_mount_point_alone(
     assert [info.step for info in CheckpointManager(folder, fallback=None).list()] == [1]
 
 
+def test_once_a_copy_back_lands_saves_go_to_the_folder_while_a_newer_one_is_copied(
+        faulty_mount: FaultyMount) -> None:
+    """Saves come faster than copies back through a slow mount: the folder answers once the
+    first copy lands, and the next save goes there, so that the folder is never more than
+    one checkpoint behind (rather than chase each newer one in the fallback folder)."""
+    folder = faulty_mount.path / "checkpoints"
+    saver = resilient_saver(CheckpointManager(folder))
+    state = {"model": nn.Linear(6, 3)}
+    saver.save(state, 1)
+    faulty_mount.fail(errno.ENOTCONN)
+    with pytest.warns(CheckpointWarning):
+        saver.save(state, 2)
+        saver.save(state, 3)  # two failures in a row: saves go to the fallback folder
+        saver.finish()  # waits for the copy back of 3, which fails
+    faulty_mount.heal()
+    faulty_mount.slow(0.2)  # each write through the mount
+    with pytest.warns(CheckpointWarning, match="answers again"):
+        saver.save(state, 4)  # to the fallback folder, then copied back
+        saver.save(state, 5)  # while 4 is copied
+        wait_for(lambda: not saver.on_fallback, timeout=30, what="the folder to answer")
+        copied = [info.step for info in CheckpointManager(folder, fallback=None).list()]
+        assert copied == [1, 4]  # 5 is still being copied
+        info = saver.save(state, 6)
+        assert info is not None and info.directory == folder
+        saver.finish()
+
+
 SAVE_ONCE = """
 import sys
 from torch import nn

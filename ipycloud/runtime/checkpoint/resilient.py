@@ -207,7 +207,8 @@ class ResilientSaver:
 
     def _copy_back(self) -> None:
         """Copy the newest checkpoint into the folder, again while a newer one was saved
-        meanwhile; once the folder holds the newest, saves go there again."""
+        meanwhile; once a copy lands, saves go to the folder again (a newer checkpoint
+        still in the fallback folder is copied meanwhile)."""
         copied: CheckpointInfo | None = None
         while True:
             with self._lock:
@@ -221,6 +222,7 @@ class ResilientSaver:
                 return
             with self._lock:
                 self._succeeded(copied)
+                self._on_fallback, self._failures = False, 0
         if copied is not None:
             self._notices.append(f"{self.manager.directory} answers again: step "
                                  f"{copied.step} is copied back into it, and checkpoints go "
