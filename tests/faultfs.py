@@ -6,7 +6,7 @@ A pytest plugin (tests/conftest.py lists it in ``pytest_plugins``) with two fixt
 
 - ``faulty_mount``: a ``FaultyMount`` whose ``path`` ("My Drive") mirrors the folder
   ``backing``. ``fail(errno.EIO, ops="write")``, ``slow(0.1)``, ``heal()``, ``vanish()``,
-  ``come_back()``; ``calls()`` lists the file operations it served.
+  ``unmount()``, ``come_back()``; ``calls()`` lists the file operations it served.
 - ``small_tmpfs``: a function that mounts a tmpfs of the given size and returns its path;
   ``read_only_folder`` and ``full_folder`` are two such mounts ready made.
 
@@ -113,6 +113,12 @@ class FaultyMount:
             if self._daemon.stdout is not None:
                 self._daemon.stdout.close()
             self._daemon = None
+
+    def unmount(self) -> None:
+        """Kill the file system and unmount it: the mount point is a bare folder of the
+        disk below, as while a mount is made again (``come_back()`` mounts again)."""
+        self.vanish()
+        _unmount(self.path)
 
     def come_back(self) -> None:
         """Mount again on the same mount point, the backing data as it was, no faults."""

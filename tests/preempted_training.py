@@ -2,6 +2,7 @@
 test_fit_preemption.py and benchmarks/soak_sigterm.py; one fresh interpreter per run::
 
     python tests/preempted_training.py FOLDER OUT [--sigterm WHEN] [--workers N] [--launch]
+                                       [--timeline FILE] [--item-delay SECONDS]
 
 WHEN is where the run sends itself SIGTERM: ``first-item`` (before the first step, while
 the first batch loads), ``step:K`` (after optimizer step K), ``validation:E`` (while epoch
@@ -9,7 +10,12 @@ E is validated), ``workers:E`` (from a DataLoader worker starting for epoch E: t
 is starting its workers) or ``save:K`` (while the checkpoint of step K is written). A run
 without it trains to the end and writes its final state to OUT (``torch.save``); a run
 that gets one ends by the signal. ``--launch`` runs the same in two processes under
-``ipycloud.launch``, the signal sent to the launching process.
+``ipycloud.launch``, the signal sent to the launching process. ``--timeline`` appends a
+line ``WHAT TIME`` (``time.time()``) to FILE as the first process reaches each point:
+``fit`` (as fit is called), ``step K`` (after optimizer step K), ``epoch E`` (after epoch E
+and its validation), ``trained`` (fit returned) and ``written`` (OUT is written); the
+SIGTERM can then come from outside. ``--item-delay`` makes each item of the training and
+validation data take that long to load (a slow data source), so that a run lasts a while.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +41,11 @@ SAMPLES, BATCH, EPOCHS, EVERY = 96, 8, 3, 5
 class Noisy(Dataset):  # type: ignore[type-arg]
     """Items that draw from torch's generator as they load (an augmentation)."""
 
-    def __init__(self, sigterm_at_first_item: bool) -> None:
+    def __init__(self, sigterm_at_first_item: bool, delay_s: float = 0.0) -> None:
         generator = torch.Generator().manual_seed(5)
         self.inputs = torch.randn(SAMPLES, 6, generator=generator)
         self.sigterm_at_first_item = sigterm_at_first_item
+        self.delay_s = delay_s
 
     def __len__(self) -> int:
         return SAMPLES
@@ -46,6 +54,8 @@ class Noisy(Dataset):  # type: ignore[type-arg]
         if self.sigterm_at_first_item:
             self.sigterm_at_first_item = False
             os.kill(os.getpid(), signal.SIGTERM)
+        if self.delay_s:
+            time.sleep(self.delay_s)
         inputs = self.inputs[index] + 0.01 * torch.randn(6)
         return inputs, inputs[:3].argmax()
 
@@ -74,7 +84,28 @@ class ValidationScore:
         return float((predictions.argmax(dim=1) == labels).float().mean())
 
 
-def train(folder: str, out: str, when: str | None, workers: int) -> None:
+class Timeline:
+    """Appends ``WHAT TIME`` to a file at each point the first process reaches (see the
+    module); does nothing without a file."""
+
+    def __init__(self, path: str | None) -> None:
+        first = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        self.path = path if first else None
+
+    def note(self, what: str) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as timeline:
+                timeline.write(f"{what} {time.time()!r}\n")
+
+    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        self.note(f"step {step}")
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        self.note(f"epoch {epoch}")
+
+
+def train(folder: str, out: str, when: str | None, workers: int,
+          timeline_file: str | None = None, item_delay_s: float = 0.0) -> None:
     kind, _, number = (when or "").partition(":")
     at = int(number) if number else None
     torch.manual_seed(0)
@@ -83,18 +114,23 @@ def train(folder: str, out: str, when: str | None, workers: int) -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
     if kind == "save":
         _sigterm_while_saving(at)
-    loader = DataLoader(Noisy(kind == "first-item"), batch_size=BATCH, shuffle=True,
+    loader = DataLoader(Noisy(kind == "first-item", item_delay_s), batch_size=BATCH,
+                        shuffle=True,
                         num_workers=workers,
                         worker_init_fn=EpochStart(at if kind == "workers" else None,
                                                   os.getpid(), f"{folder}.starts"))
+    timeline = Timeline(timeline_file)
+    timeline.note("fit")
     fit(model, optimizer, loader, epochs=EPOCHS, scheduler=scheduler, device="cpu",
         checkpoint=folder, checkpoint_every=EVERY, seed=11, progress=False,
-        val_data=DataLoader(Noisy(False), batch_size=32),
+        val_data=DataLoader(Noisy(False, item_delay_s), batch_size=32),
         metrics={"score": ValidationScore(at if kind == "validation" else None)},
-        callbacks=[At(at if kind == "step" else None)])
+        callbacks=[At(at if kind == "step" else None), timeline])
+    timeline.note("trained")
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if rank == 0:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, out)
+    timeline.note("written")
 
 
 class EpochStart:
@@ -133,12 +169,15 @@ def main() -> None:
     parser.add_argument("--sigterm", default=None)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--launch", action="store_true")
+    parser.add_argument("--timeline", default=None)
+    parser.add_argument("--item-delay", type=float, default=0.0)
     args = parser.parse_args()
+    options = (args.folder, args.out, args.sigterm, args.workers, args.timeline,
+               args.item_delay)
     if args.launch:
-        launch(train, args.folder, args.out, args.sigterm, args.workers, nprocs=2,
-               backend="gloo")
+        launch(train, *options, nprocs=2, backend="gloo")
     else:
-        train(args.folder, args.out, args.sigterm, args.workers)
+        train(*options)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import os
 import re
 import secrets
@@ -34,7 +33,7 @@ _TEMP_NAME = re.compile(rf"{re.escape(TEMP_PREFIX)}(\d+)-[0-9a-f]{{8}}-.")
 # Every file system allows a name this long, and one as long as any name it already holds.
 _SAFE_NAME_BYTES = 143
 LOCK_NAME = ".ipycloud.lock"
-_CHUNK = 64 * 1024 * 1024
+_CHUNK = 8 * 1024 * 1024  # read and checksummed in slices this size: as fast as a map
 # A process that started this long after a temporary file last changed is not its writer
 # (process start times are known to about a second).
 _PID_REUSE_SLACK_S = 2.0
@@ -56,17 +55,16 @@ class FileDigest:
 
     @classmethod
     def of(cls, path: Path) -> FileDigest:
-        """Read ``path`` (mapped, in large slices) and checksum it."""
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size == 0:
-                return cls(0, f"{zlib.crc32(b''):08x}")
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                view = memoryview(mapped)
-                checksum = 0
-                for offset in range(0, size, _CHUNK):  # zlib releases the GIL per slice
-                    checksum = zlib.crc32(view[offset:offset + _CHUNK], checksum)
-                view.release()
+        """Read ``path`` in large slices and checksum it. Read, never mapped: a page of a
+        map that the disk fails to read (an I/O error, a lost mount) ends the process with
+        SIGBUS, where a read raises OSError."""
+        checksum = size = 0
+        with open(path, "rb", buffering=0) as file:
+            slice_bytes = min(_CHUNK, max(os.fstat(file.fileno()).st_size, 1))
+            buffer = memoryview(bytearray(slice_bytes))
+            while count := file.readinto(buffer):  # the read and zlib release the GIL
+                checksum = zlib.crc32(buffer[:count], checksum)
+                size += count
         return cls(size, f"{checksum:08x}")
 
 

@@ -86,6 +86,13 @@ class ResilientSaver:
             self._tell(self._failed(error))
         return self.newest
 
+    def resumed(self, info: CheckpointInfo) -> None:
+        """A run continues from ``info``: where only the fallback folder holds it, copy it
+        back into the folder in the background, as the next save would."""
+        self._succeeded(info)
+        if info.directory != self.manager.directory:
+            self._copy_back_later()
+
     def next_step(self) -> int:
         """The manager's next step, or past the newest this saver wrote where the folder
         cannot be read now."""
@@ -200,7 +207,8 @@ class ResilientSaver:
 
     def _copy_back(self) -> None:
         """Copy the newest checkpoint into the folder, again while a newer one was saved
-        meanwhile; once the folder holds the newest, saves go there again."""
+        meanwhile; once a copy lands, saves go to the folder again (a newer checkpoint
+        still in the fallback folder is copied meanwhile)."""
         copied: CheckpointInfo | None = None
         while True:
             with self._lock:
@@ -214,6 +222,7 @@ class ResilientSaver:
                 return
             with self._lock:
                 self._succeeded(copied)
+                self._on_fallback, self._failures = False, 0
         if copied is not None:
             self._notices.append(f"{self.manager.directory} answers again: step "
                                  f"{copied.step} is copied back into it, and checkpoints go "
@@ -233,8 +242,11 @@ class ResilientSaver:
 
 
 def _kind(error: CheckpointStorageError) -> str:
-    """The kind of a failure, told once: its error number's name, or what failed."""
+    """The kind of a failure, told once: its error number's name, or what failed (a
+    background save's failure comes wrapped in the one that reports it)."""
     cause = error.__cause__
+    while isinstance(cause, CheckpointStorageError):
+        cause = cause.__cause__
     if isinstance(cause, OSError) and cause.errno is not None:
         return errnos.errorcode.get(cause.errno, str(cause.errno))
     return type(cause).__name__ if cause is not None else "writer"

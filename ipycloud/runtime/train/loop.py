@@ -205,6 +205,9 @@ class _Trainer:
         bar = Progress(progress and self.main)
         if self._finished():
             bar.say(self._complete_line(resumed))
+            if (self.main and self.saver is not None and resumed is not None
+                    and resumed.directory != manager.directory):
+                bar.say(f"ipycloud.fit: {self.saver.finish()}")  # once it is copied back
             return self.history
         for line in self._first_lines(resumed, val_data):
             bar.say(line)
@@ -660,6 +663,8 @@ class _Trainer:
         self.history.restore(state["history"])
         self._window = list(state["history"].get("loss_window", []))
         self._resumed = True
+        if self.main and self.saver is not None:
+            self.saver.resumed(info)  # from the fallback folder: copied back
         self._changed = resuming.changed_settings(
             before, resuming.hyper_parameters(self.optimizer, scheduled))
         self.step = info.step
