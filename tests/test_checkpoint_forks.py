@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from ipycloud.runtime.durable import folder_lock
+from ipycloud.runtime.durable import LOCK_NAME, folder_lock
 
 WATCHDOG_S = 120
 
@@ -38,7 +38,7 @@ def test_a_process_forked_while_the_folder_is_locked_does_not_hold_the_lock(
         other = run_script("""
             import sys
             from pathlib import Path
-            from ipycloud.runtime.durable import folder_lock
+            from ipycloud.runtime.durable import LOCK_NAME, folder_lock
             with folder_lock(Path(sys.argv[1])):
                 print("locked")
         """, str(tmp_path))
@@ -46,6 +46,28 @@ def test_a_process_forked_while_the_folder_is_locked_does_not_hold_the_lock(
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+TRY_LOCK = """
+    import fcntl, os, sys
+    descriptor = os.open(sys.argv[1], os.O_RDWR)
+    try:  # whichever kind of lock the holder takes
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print("busy")
+    else:
+        print("locked")
+"""
+
+
+def test_reading_the_lock_file_in_the_holding_process_keeps_the_lock(tmp_path: Path) -> None:
+    """A copy or a sync of the folder in this process opens and closes its lock file: a
+    record lock would be released by that close, and another process let in."""
+    with folder_lock(tmp_path):
+        assert (tmp_path / LOCK_NAME).read_bytes() == b""
+        assert run_script(TRY_LOCK, str(tmp_path / LOCK_NAME)).stdout == "busy\n"
+    assert run_script(TRY_LOCK, str(tmp_path / LOCK_NAME)).stdout == "locked\n"
 
 
 def test_a_process_forked_while_a_thread_holds_the_lock_takes_it_once_released(

@@ -388,11 +388,12 @@ _folder_locks = _FolderLocks()
 def folder_lock(folder: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` against other threads and other processes.
 
-    Threads of this process take turns on a lock of their own; processes on a POSIX record
-    lock (``fcntl``) of the folder's lock file, where the file system supports one. A
-    record lock belongs to this process alone: a process forked while it is held (a
-    DataLoader worker, a ``launch`` rank) does not hold it, and a killed holder releases
-    it with its death. File systems without locks (some FUSE mounts) go unlocked.
+    Threads of this process take turns on a lock of their own; processes on an ``flock``
+    of the folder's lock file, where the file system supports one. The lock belongs to the
+    open file, which only this holder has: a forked child (a DataLoader worker, a
+    ``launch`` rank) closes its inherited copy at once, another open and close of the lock
+    file in this process (a sync copying the folder) leaves it held, and a killed holder
+    releases it with its death. File systems without locks (some FUSE mounts) go unlocked.
     """
     with _folder_locks.for_folder(folder):
         try:
@@ -404,8 +405,8 @@ def folder_lock(folder: Path) -> Iterator[None]:
         _folder_locks.descriptors.add(descriptor)
         try:
             with contextlib.suppress(OSError):
-                fcntl.lockf(descriptor, fcntl.LOCK_EX)
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield
         finally:
             _folder_locks.descriptors.discard(descriptor)  # before its number can be reused
-            os.close(descriptor)  # also releases the record lock
+            os.close(descriptor)  # also releases the lock
