@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -192,14 +193,13 @@ def test_a_failure_is_told_once_though_a_background_save_met_it_first(
     assert saver.on_fallback and saver.newest is not None and saver.newest.step == 3
 
 
-@pytest.mark.xfail(strict=True, reason="a save makes the folder and its parents in the bare "
-                   "mount point, and believes the folder took it")
+@pytest.mark.parametrize("inside", ["checkpoints", "MyDrive/checkpoints"])
 def test_a_save_while_the_mount_is_away_leaves_the_bare_mount_point_alone(
-        faulty_mount: FaultyMount) -> None:
+        faulty_mount: FaultyMount, inside: str) -> None:
     """Between a mount's end and its return (Drive mounted again), the mount point is a
     bare folder of the disk below: a save then goes to the fallback folder rather than make
     the folder there, where the mount would hide it (and Drive refuses to mount over it)."""
-    folder = faulty_mount.path / "MyDrive" / "checkpoints"
+    folder = faulty_mount.path / inside
     saver = resilient_saver(CheckpointManager(folder))
     state = {"model": nn.Linear(6, 3)}
     saver.save(state, 1)
@@ -210,6 +210,14 @@ def test_a_save_while_the_mount_is_away_leaves_the_bare_mount_point_alone(
     assert info is not None and info.directory == saver.manager.fallback
     faulty_mount.come_back()  # FUSE refuses to mount over files
     assert [info.step for info in CheckpointManager(folder, fallback=None).list()] == [1]
+
+
+def test_a_folder_removed_from_a_disk_that_is_still_there_is_made_again(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "runs" / "checkpoints", fallback=None)
+    state = {"model": nn.Linear(6, 3)}
+    manager.save(state, 1)
+    shutil.rmtree(tmp_path / "runs")
+    assert manager.save(state, 2).directory == tmp_path / "runs" / "checkpoints"
 
 
 def test_once_a_copy_back_lands_saves_go_to_the_folder_while_a_newer_one_is_copied(

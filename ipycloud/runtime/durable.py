@@ -203,6 +203,33 @@ def _fsync_subtree(folder: str, prefix: str, files: list[tuple[str, int]]) -> No
     fsync_folder(folder)
 
 
+def make_folder(folder: Path, mount: Path | None = None) -> Path:
+    """Make ``folder`` and its missing parents; return the mount point of its file system.
+
+    ``mount`` is that mount point as it was when the folder was last made or seen. A
+    folder gone with its file system (a Drive mount that went away) is not made again in
+    the bare mount point left on the disk below, where the returning mount would hide it
+    (and FUSE refuses to mount over it): that raises FileNotFoundError.
+    """
+    if not folder.is_dir():
+        if mount is not None and _mount_point(folder) != mount:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory, and the file "
+                                    f"system it was on is gone from {mount}", str(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+    return _mount_point(folder)
+
+
+def _mount_point(path: Path) -> Path:
+    """The mount point of the file system that holds ``path`` or, where it is missing, its
+    nearest existing parent."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() or not os.path.ismount(path):
+        if path.parent == path:
+            break
+        path = path.parent
+    return path
+
+
 def remove_path(path: str | os.PathLike[str]) -> None:
     """Remove a file, a link or a whole folder tree (links inside are not followed); what is
     already gone is no error."""

@@ -45,6 +45,7 @@ from ipycloud.runtime.durable import (
     commit_temporary,
     folder_lock,
     fsync_folder,
+    make_folder,
     side_by_side,
     stale_temporaries,
     write_temporary,
@@ -127,6 +128,7 @@ class CheckpointManager:
         self._failure: BaseException | None = None
         self._last_written: CheckpointInfo | None = None
         self._pending: CheckpointInfo | None = None  # until its manifest is written
+        self._mount: Path | None = None  # of the folder's file system, once it is made
         _LIVE_MANAGERS.add(self)
 
     def __repr__(self) -> str:
@@ -166,8 +168,7 @@ class CheckpointManager:
         position = _json_ready(data_position, "data_position")
         captured = capture(state)
         rng_states = rng.capture_rng_states() if rng_states is None else dict(rng_states)
-        with self._storage(f"cannot create the folder {self.directory}"):
-            self.directory.mkdir(parents=True, exist_ok=True)
+        self._make_folder()
         with self._storage(f"cannot read the folder {self.directory}"):
             run = self._claim_run()
         details: dict[str, Any] = {
@@ -194,6 +195,11 @@ class CheckpointManager:
         if self.background == "auto":
             return background_pays_off(devices)
         return self.background != "never"
+
+    def _make_folder(self) -> None:
+        """Make the folder, or make it again only on the file system it was on."""
+        with self._storage(f"cannot create the folder {self.directory}"):
+            self._mount = make_folder(self.directory, self._mount)
 
     def _claim_run(self) -> str:
         """This process's run in the folder, claimed at its first save there."""
@@ -273,8 +279,7 @@ class CheckpointManager:
             commit_temporary(temporary, path)
             return digest
 
-        with self._storage(f"cannot create the folder {self.directory}"):
-            self.directory.mkdir(parents=True, exist_ok=True)
+        self._make_folder()
         with self._storage(f"cannot read the folder {self.directory}"):
             run = self._claim_run()
         details = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)
