@@ -212,6 +212,30 @@ def test_a_save_while_the_mount_is_away_leaves_the_bare_mount_point_alone(
     assert [info.step for info in CheckpointManager(folder, fallback=None).list()] == [1]
 
 
+def test_a_first_save_while_the_mount_is_away_leaves_the_bare_mount_point_alone(
+        faulty_mount: FaultyMount) -> None:
+    """The manager was made while the mount was there; its first save comes after the
+    mount went away."""
+    folder = faulty_mount.path / "MyDrive" / "checkpoints"
+    saver = resilient_saver(CheckpointManager(folder))
+    faulty_mount.unmount()
+    with pytest.warns(CheckpointWarning, match="no longer mounted"):
+        info = saver.save({"model": nn.Linear(6, 3)}, 1)
+    assert list(faulty_mount.path.iterdir()) == []
+    assert info is not None and info.directory == saver.manager.fallback
+
+
+def test_a_manager_made_before_its_mount_saves_into_the_mount_once_it_is_there(
+        faulty_mount: FaultyMount) -> None:
+    """As a notebook that names a folder on Drive before it mounts Drive."""
+    folder = faulty_mount.path / "MyDrive" / "checkpoints"
+    faulty_mount.unmount()
+    manager = CheckpointManager(folder, fallback=None)
+    faulty_mount.come_back()
+    manager.save({"model": nn.Linear(6, 3)}, 1)
+    assert (faulty_mount.backing / "MyDrive" / "checkpoints").is_dir()
+
+
 def test_a_folder_removed_from_a_disk_that_is_still_there_is_made_again(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "runs" / "checkpoints", fallback=None)
     state = {"model": nn.Linear(6, 3)}

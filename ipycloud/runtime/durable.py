@@ -203,30 +203,33 @@ def _fsync_subtree(folder: str, prefix: str, files: list[tuple[str, int]]) -> No
     fsync_folder(folder)
 
 
-def make_folder(folder: Path, mount: Path | None = None) -> Path:
+def make_folder(folder: Path, mount: Path | None = None) -> Path | None:
     """Make ``folder`` and its missing parents; return the mount point of its file system.
 
-    ``mount`` is that mount point as it was when the folder was last made or seen. A
-    folder gone with its file system (a Drive mount that went away) is not made again in
-    the bare mount point left on the disk below, where the returning mount would hide it
-    (and FUSE refuses to mount over it): that raises FileNotFoundError.
+    ``mount`` is that mount point as last seen (where the folder was, or would be made).
+    Where the folder is missing and that file system is mounted no more (a Drive mount that
+    went away), nothing is made: the folder would land in the bare mount point left on the
+    disk below, where the returning mount would hide it (and FUSE refuses to mount over
+    it). That raises FileNotFoundError.
     """
     if not folder.is_dir():
-        if mount is not None and _mount_point(folder) != mount:
+        if mount is not None and not os.path.ismount(mount):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory, and the file "
-                                    f"system it was on is gone from {mount}", str(folder))
+                                    f"system it was on is no longer mounted at {mount}",
+                                    str(folder))
         folder.mkdir(parents=True, exist_ok=True)
-    return _mount_point(folder)
+    return mount_point(folder)
 
 
-def _mount_point(path: Path) -> Path:
+def mount_point(path: Path) -> Path | None:
     """The mount point of the file system that holds ``path`` or, where it is missing, its
-    nearest existing parent."""
+    nearest existing parent; None where that cannot be read (a lost mount)."""
     path = Path(os.path.abspath(path))
-    while not path.exists() or not os.path.ismount(path):
-        if path.parent == path:
-            break
-        path = path.parent
+    try:
+        while path.parent != path and not (path.exists() and os.path.ismount(path)):
+            path = path.parent
+    except OSError:
+        return None
     return path
 
 

@@ -46,6 +46,7 @@ from ipycloud.runtime.durable import (
     folder_lock,
     fsync_folder,
     make_folder,
+    mount_point,
     side_by_side,
     stale_temporaries,
     write_temporary,
@@ -128,7 +129,7 @@ class CheckpointManager:
         self._failure: BaseException | None = None
         self._last_written: CheckpointInfo | None = None
         self._pending: CheckpointInfo | None = None  # until its manifest is written
-        self._mount: Path | None = None  # of the folder's file system, once it is made
+        self._mount = mount_point(self.directory)  # of the folder's file system, as last seen
         _LIVE_MANAGERS.add(self)
 
     def __repr__(self) -> str:
@@ -197,9 +198,9 @@ class CheckpointManager:
         return self.background != "never"
 
     def _make_folder(self) -> None:
-        """Make the folder, or make it again only on the file system it was on."""
+        """Make the folder, unless the file system it was on is mounted no more."""
         with self._storage(f"cannot create the folder {self.directory}"):
-            self._mount = make_folder(self.directory, self._mount)
+            self._mount = make_folder(self.directory, self._mount) or self._mount
 
     def _claim_run(self) -> str:
         """This process's run in the folder, claimed at its first save there."""
