@@ -343,3 +343,18 @@ def test_a_really_full_disk_sends_saves_to_the_fallback_and_back(
     restored = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
     assert manager_for(folder).load({"model": restored}, strict=False).directory == folder
     assert differences(restored.state_dict(), whole.state_dict()) == []
+
+
+def test_a_copy_back_is_told_as_soon_as_it_is_committed(tmp_path: Path) -> None:
+    """The saver sends its next save to the folder from the moment the copy's manifest is
+    written, not after the rotation that follows (saves meanwhile would leave the folder
+    two behind)."""
+    state = {"model": nn.Linear(6, 3)}
+    copied = CheckpointManager(tmp_path / "fallback", fallback=None).save(state, 3)
+    manager = CheckpointManager(tmp_path / "folder", keep_last=1, fallback=None)
+    manager.save(state, 1)
+    seen: list[list[str]] = []
+    manager.copy_in(copied, committed=lambda copy: seen.append(
+        sorted(path.name for path in copy.directory.glob("step-*.json"))))
+    assert seen == [["step-000000001.json", "step-000000003.json"]]
+    assert [info.step for info in manager.list()] == [3]

@@ -259,9 +259,11 @@ class CheckpointManager:
                 self._process.close()
             self._process = None
 
-    def copy_in(self, info: CheckpointInfo) -> CheckpointInfo:
+    def copy_in(self, info: CheckpointInfo,
+                committed: Callable[[CheckpointInfo], None] | None = None) -> CheckpointInfo:
         """Copy a checkpoint of another folder (a fallback folder's) into this one, as its
-        newest checkpoint of this process's run; returns the copy.
+        newest checkpoint of this process's run; returns the copy. ``committed`` is called
+        with it as soon as its manifest is written (before old checkpoints are rotated away).
 
         The copy is checked against ``info``'s manifest before it is committed;
         CheckpointStorageError when this folder fails, CheckpointError when the source
@@ -285,7 +287,7 @@ class CheckpointManager:
             run = self._claim_run()
         details = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)
                    if field.name not in ("name", "directory", "sequence", "files", "status")}
-        return self._write({**details, "run": run}, {}, copy)
+        return self._write({**details, "run": run}, {}, copy, committed)
 
     def _write_in_background(self, details: dict[str, Any], payload: dict[str, Any],
                              write_data: WriteData) -> None:
@@ -297,7 +299,8 @@ class CheckpointManager:
             self._pending = None
 
     def _write(self, details: dict[str, Any], payload: dict[str, Any],
-               write_data: WriteData) -> CheckpointInfo:
+               write_data: WriteData,
+               committed: Callable[[CheckpointInfo], None] | None = None) -> CheckpointInfo:
         """Write one checkpoint; its name and sequence number are picked under the lock.
 
         ``details`` are the CheckpointInfo fields other than name, directory and sequence;
@@ -318,6 +321,8 @@ class CheckpointManager:
                     "size": digest.size, "crc32": digest.crc32}})
                 catalog.write_manifest(info)
                 self._pending = None
+                if committed is not None:
+                    committed(info)
             except (OSError, CheckpointStorageError) as error:
                 with contextlib.suppress(OSError):  # never committed: no manifest names it
                     info.data_path.unlink(missing_ok=True)

@@ -217,16 +217,19 @@ class ResilientSaver:
                     self._on_fallback, self._failures = False, 0
                     break
             try:
-                copied = self.manager.copy_in(newest)
+                copied = self.manager.copy_in(newest, committed=self._copied_back)
             except CheckpointError:  # still failing: the next save tries again
                 return
-            with self._lock:
-                self._succeeded(copied)
-                self._on_fallback, self._failures = False, 0
         if copied is not None:
             self._notices.append(f"{self.manager.directory} answers again: step "
                                  f"{copied.step} is copied back into it, and checkpoints go "
                                  "there again")
+
+    def _copied_back(self, copy: CheckpointInfo) -> None:
+        """A copy is committed in the folder: the next save goes there."""
+        with self._lock:
+            self._succeeded(copy)
+            self._on_fallback, self._failures = False, 0
 
     # -- telling ----------------------------------------------------------------------
 
