@@ -3,7 +3,12 @@
 Goals, for each kind of fault, over RUNS runs that each get one fault:
 
 1. No training run crashes: ``fit`` returns, and its model and optimizer equal those of a
-   run without checkpoints bit for bit (it trained on exactly).
+   run without checkpoints bit for bit (it trained on exactly). A fault that lands before
+   the first step, while ``fit`` reads its folder for a checkpoint to resume from, makes it
+   refuse to start (CheckpointStorageError, nothing trained), by design: it cannot know
+   what the folder holds, and starting afresh could bury a run's progress under newer
+   checkpoints. Such runs count apart ("refused to start"): they are rerun once the folder
+   answers, as the user would rerun the cell, and that rerun must train exactly.
 2. No run hangs: each runs under a watchdog (``faulthandler.dump_traceback_later(HANG_S,
    exit=True)`` in a worker process); a worker that ends without a run's result is a hang,
    reported with the case and its threads' stacks, and a new worker goes on at the next case.
@@ -91,7 +96,7 @@ import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -114,7 +119,10 @@ from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager  # noqa: E402
-from ipycloud.runtime.checkpoint.errors import CheckpointWarning  # noqa: E402
+from ipycloud.runtime.checkpoint.errors import (  # noqa: E402
+    CheckpointStorageError,
+    CheckpointWarning,
+)
 from ipycloud.runtime.checkpoint.fallback import fallback_directory  # noqa: E402
 from ipycloud.runtime.per_process import reset_process_state  # noqa: E402
 from ipycloud.runtime.train.loop import fit  # noqa: E402
@@ -321,6 +329,7 @@ class Watcher:
         self.answered: float | None = None  # when the folder held a save begun after healing
         self.catching_up: list[int] = []  # behind, after a save since healing, before that
         self.behind_samples: list[int] = []  # behind, from then on
+        self.steps = 0  # optimizer steps ended
 
     def scan(self) -> None:
         self.in_folder = set()
@@ -357,6 +366,7 @@ class Watcher:
             self.catching_up.append(self.behind())
 
     def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        self.steps += 1
         self.sample()
 
 
@@ -428,6 +438,14 @@ def newest_loads(folder: Path, trained: dict[str, Any], newest: tuple[int, float
     return f"differs from the trained state at {wrong[:3]}" if wrong else None
 
 
+def quietly(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()`` with its output and warnings dropped."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+            contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        return run()
+
+
 # -- a worker: runs the cases of one kind in one process --------------------------------------
 
 class Worker:
@@ -485,7 +503,10 @@ class Worker:
             try:
                 trained = train(folder, [watcher])
             except Exception as error:  # a crash: what the soak looks for
-                record["crash"] = f"{type(error).__name__}: {error}"
+                if isinstance(error, CheckpointStorageError) and not watcher.steps:
+                    record["refused_at_start"] = str(error)  # by design (see goal 1)
+                else:
+                    record["crash"] = f"{type(error).__name__}: {error}"
                 trained = {}
             record["fit_s"] = round(time.monotonic() - started, 4)
             if fault is not None:
@@ -496,7 +517,7 @@ class Worker:
                       catching_up=watcher.catching_up, behind_end=watcher.behind(),
                       saves=len(watcher.saves),
                       in_fallback=sum("fallback" in places for places in watcher.saves.values()))
-        if record["crash"] is None:
+        if record["crash"] is None and trained:
             wrong = differences(trained, self.expected[case["threads"]])
             record["trained_exactly"] = not wrong
             record["last_line"] = last_line_problem(output.getvalue(), watcher, folder,
@@ -528,13 +549,14 @@ class Worker:
                                                          self.last_step)
             self.storage.heal()
             record["bare_mount_point_writes"] += self.storage.take_bare_writes()
+        if "refused_at_start" in record:  # the user reruns the cell once the folder answers
+            trained = quietly(lambda: train(folder, [watcher]))
+            record["rerun_trained_exactly"] = not differences(
+                trained, self.expected[record["threads"]])
         record["newest_loads"] = newest_loads(folder, trained, watcher.newest(),
                                               self.last_step)
         if record["behind_end"] and record["crash"] is None:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
-                    contextlib.redirect_stderr(io.StringIO()):
-                warnings.simplefilter("ignore")
-                train(folder, [])
+            quietly(lambda: train(folder, []))
             watcher.scan()
             record["behind_after_rerun"] = watcher.behind()
 
@@ -684,6 +706,10 @@ def summary(soaked: dict[str, Any]) -> dict[str, Any]:
                                       f"died (exit {hang['exit_code']})"}
                                      for hang in soaked["hangs"] if not hang["watchdog"]],
         "hangs": [hang["case"] for hang in soaked["hangs"] if hang["watchdog"]],
+        "refused_at_start": [record["index"] for record in records
+                             if "refused_at_start" in record],
+        "rerun_after_refusal_not_exact": [record["index"] for record in records
+                                          if record.get("rerun_trained_exactly") is False],
         "not_trained_exactly": [record["index"] for record in records
                                 if record.get("trained_exactly") is False],
         "newest_unloadable": cases("newest_loads"),
@@ -730,7 +756,9 @@ def print_summary(kind: str, figures: dict[str, Any]) -> None:
     print(f"{kind:9s} {figures['faults_injected']} faults, {figures['ended_unhealed']} "
           f"unhealed at the end: crashes {len(figures['crashes'])}, hangs "
           f"{len(figures['hangs'])}, newest unloadable {len(figures['newest_unloadable'])}, "
-          f"not trained exactly {len(figures['not_trained_exactly'])}")
+          f"not trained exactly {len(figures['not_trained_exactly'])}; refused to start "
+          f"{len(figures['refused_at_start'])} (reruns not exact "
+          f"{len(figures['rerun_after_refusal_not_exact'])})")
     print(f"          folder behind once it answered: max "
           f"{figures['behind_once_answered_max'].get('max')} in "
           f"{figures['answered_during_run']} runs (>1 in {len(figures['behind_more_than_1'])}),"
