@@ -3,17 +3,22 @@
 Processes killed with SIGKILL at seeded random moments while they save checkpoints
 (``soak_kills``), cells of the DataLoader x save mode x processes matrix killed and
 resumed (``soak_cells``), and a cell that saves in the background rerun in this process
-(``benchmarks/soak_reruns.py`` reruns it in a real kernel). What a kill lands on varies
+(``benchmarks/soak_reruns.py`` reruns it in a real kernel); the fault and SIGTERM soaks
+themselves with one case of each kind. What a kill lands on varies
 with the machine; what is checked holds wherever it lands.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +33,8 @@ from ipycloud.runtime.checkpoint import CheckpointManager, writer_process
 
 pytestmark = pytest.mark.skipif(not writer_process.supported(),
                                 reason="kills Linux processes and reads /proc")
+BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
+SOAK_TIMEOUT_S = 600
 
 
 @pytest.fixture
@@ -83,3 +90,44 @@ def test_reruns_that_drop_their_manager_hold_one_region_and_one_writer(tmp_path:
     assert (first.memfd_regions, first.memfd_descriptors, first.children) == (1, 2, 1)
     assert readings == [first] * len(readings)
     manager.close()
+
+
+def run_soak(folder: Path, script: str, *args: str) -> dict[str, Any]:
+    """Run ``benchmarks/<script>`` in a fresh interpreter; its results."""
+    results = folder / "results.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), *args,
+                           "--out", str(results)], capture_output=True, text=True,
+                          timeout=SOAK_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    figures: dict[str, Any] = json.loads(results.read_text())
+    return figures
+
+
+@pytest.mark.fuse
+@pytest.mark.mounts
+def test_a_fault_of_each_kind_during_fit_loses_nothing_and_hangs_nothing(
+        tmp_path: Path) -> None:
+    kinds = run_soak(tmp_path, "soak_faults.py", "--runs", "1", "--seed", "5")["kinds"]
+    assert sorted(kinds) == ["EIO", "ENOSPC", "ENOTCONN", "EROFS", "full", "vanished"]
+    for kind, soaked in kinds.items():
+        figures = soaked["figures"]
+        assert figures["faults_injected"] == 1, kind
+        problems = {name: figures[name] for name in (
+            "crashes", "hangs", "not_trained_exactly", "newest_unloadable", "wrong_last_line",
+            "behind_more_than_1", "healed_behind_at_end", "copy_back_never_happens",
+            "bare_mount_point_writes", "warning_rule_broken", "rerun_after_refusal_not_exact")
+            if figures[name]}
+        assert problems == {}, kind
+
+
+def test_sigterms_during_fit_save_the_last_finished_step_and_resume_exactly(
+        tmp_path: Path) -> None:
+    configs = run_soak(tmp_path, "soak_sigterm.py", "--sigterms", "3", "--seed", "5")["configs"]
+    assert sorted(configs) == ["launch", "one", "workers"]
+    for name, config in configs.items():
+        figures = config["figures"]
+        assert figures["sigterms_delivered"] >= 1, name
+        assert (figures["late"], figures["unexpected"], figures["not_ended_by_the_signal"],
+                figures["not_the_last_finished_step"]) == ([], [], [], []), name
+        assert figures["leftover_processes"] == 0, name
+        assert figures["chains_bit_exact"] == figures["chains"] >= 1, name
