@@ -551,6 +551,7 @@ class Worker:
             record["bare_mount_point_writes"] += self.storage.take_bare_writes()
         if "refused_at_start" in record:  # the user reruns the cell once the folder answers
             trained = quietly(lambda: train(folder, [watcher]))
+            watcher.scan()  # the final save
             record["rerun_trained_exactly"] = not differences(
                 trained, self.expected[record["threads"]])
         record["newest_loads"] = newest_loads(folder, trained, watcher.newest(),
