@@ -24,6 +24,7 @@ from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import CheckpointManager, CheckpointWarning, manager_for
 from ipycloud.runtime.checkpoint.resilient import resilient_saver
+from ipycloud.runtime.durable import make_folder
 from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.train.loop import fit
 
@@ -358,3 +359,14 @@ def test_a_copy_back_is_told_as_soon_as_it_is_committed(tmp_path: Path) -> None:
         sorted(path.name for path in copy.directory.glob("step-*.json"))))
     assert seen == [["step-000000001.json", "step-000000003.json"]]
     assert [info.step for info in manager.list()] == [3]
+
+
+def test_a_lost_connection_at_the_mount_point_is_told_as_such(faulty_mount: FaultyMount,
+                                                              tmp_path: Path) -> None:
+    """Whether the folder's file system is still mounted is read at its mount point: a
+    mount whose connection dropped answers that with ENOTCONN, not "no longer mounted"."""
+    faulty_mount.vanish()
+    with pytest.raises(OSError) as raised:
+        make_folder(tmp_path / "elsewhere" / "checkpoints", faulty_mount.path)
+    assert raised.value.errno == errno.ENOTCONN
+    assert not (tmp_path / "elsewhere").exists()

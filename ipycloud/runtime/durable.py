@@ -213,12 +213,22 @@ def make_folder(folder: Path, mount: Path | None = None) -> Path | None:
     it). That raises FileNotFoundError.
     """
     if not folder.is_dir():
-        if mount is not None and not os.path.ismount(mount):
+        if mount is not None and not _mounted(mount):
             raise FileNotFoundError(errno.ENOENT, "No such file or directory, and the file "
                                     f"system it was on is no longer mounted at {mount}",
                                     str(folder))
         folder.mkdir(parents=True, exist_ok=True)
     return mount_point(folder)
+
+
+def _mounted(mount: Path) -> bool:
+    """Whether ``mount`` is a mount point still; raises the OSError its file system
+    answers (ENOTCONN for a mount whose connection dropped)."""
+    try:
+        os.lstat(mount)
+    except FileNotFoundError:
+        return False
+    return os.path.ismount(mount)
 
 
 def mount_point(path: Path) -> Path | None:
