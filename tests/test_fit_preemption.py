@@ -8,6 +8,7 @@ real SIGTERM at the chosen moment.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import pytest
 import torch
 from checkpoint_helpers import differences
 from waiting import wait_for
+
+from ipycloud.runtime.train.interrupt import Preemption
 
 SCRIPT = Path(__file__).with_name("preempted_training.py")
 TIMEOUT_S = 300
@@ -99,3 +102,25 @@ def test_sigterm_to_the_launching_process_reaches_the_ranks(
     code, text = finished(training(folder, out, "--launch"))
     assert code == 0, text
     assert differences(torch.load(out), uninterrupted["launch"]) == []
+
+
+def test_a_process_forked_while_fit_awaits_sigterm_never_saves() -> None:
+    """A DataLoader worker is forked with fit's SIGTERM handler, until its worker_init_fn
+    sets SIGTERM aside; a signal in that window must not save from the worker (whose
+    save waited on the folder's lock against the trainer's own, and hung both)."""
+    saves: list[int] = []
+    reader, writer = os.pipe()
+    with Preemption(lambda: saves.append(os.getpid()) is None):
+        child = os.fork()
+        if child == 0:
+            os.close(reader)
+            signal.raise_signal(signal.SIGTERM)
+            os.write(writer, b"saved" if saves else b"went on")
+            os._exit(0)
+    os.close(writer)
+    try:
+        assert os.read(reader, 16) == b"went on"
+    finally:
+        os.close(reader)
+        os.waitpid(child, 0)
+    assert saves == []

@@ -4,6 +4,7 @@ machine going away: preemption, the end of a session) is a save, then the end.""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -39,7 +40,7 @@ class DeferredInterrupt:
             self._active = False
 
     def _note(self, number: int, frame: FrameType | None) -> None:
-        if self.requested:
+        if self.requested or os.getpid() != self._pid:
             self.__exit__(None, None, None)
             raise KeyboardInterrupt
         self.requested = True
@@ -66,8 +67,10 @@ class Preemption:
         self._main = main
         self._previous: Any = None
         self._active = False
+        self._pid = os.getpid()
 
     def __enter__(self) -> Preemption:
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGTERM)
             if previous != signal.SIG_IGN:
@@ -90,7 +93,9 @@ class Preemption:
         deliver_sigterm(previous)
 
     def _on_sigterm(self, number: int, frame: FrameType | None) -> None:
-        if self.requested:  # again, during the grace period
+        # A process forked from this one (a DataLoader worker before its worker_init_fn
+        # sets SIGTERM aside) inherits this handler: it must never save.
+        if self.requested or os.getpid() != self._pid:
             return
         self.requested = True
         if self._save_now():
