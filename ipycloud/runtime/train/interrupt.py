@@ -40,7 +40,7 @@ class DeferredInterrupt:
             self._active = False
 
     def _note(self, number: int, frame: FrameType | None) -> None:
-        if self.requested or os.getpid() != self._pid:
+        if self.requested:
             self.__exit__(None, None, None)
             raise KeyboardInterrupt
         self.requested = True
