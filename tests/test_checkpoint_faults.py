@@ -351,9 +351,9 @@ def test_a_copy_back_is_told_as_soon_as_it_is_committed(tmp_path: Path) -> None:
     written, not after the rotation that follows (saves meanwhile would leave the folder
     two behind)."""
     state = {"model": nn.Linear(6, 3)}
-    copied = CheckpointManager(tmp_path / "fallback", fallback=None).save(state, 3)
     manager = CheckpointManager(tmp_path / "folder", keep_last=1, fallback=None)
     manager.save(state, 1)
+    copied = CheckpointManager(tmp_path / "fallback", fallback=None).save(state, 3)
     seen: list[list[str]] = []
     manager.copy_in(copied, committed=lambda copy: seen.append(
         sorted(path.name for path in copy.directory.glob("step-*.json"))))
@@ -370,3 +370,15 @@ def test_a_lost_connection_at_the_mount_point_is_told_as_such(faulty_mount: Faul
         make_folder(tmp_path / "elsewhere" / "checkpoints", faulty_mount.path)
     assert raised.value.errno == errno.ENOTCONN
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_copy_back_never_lands_over_a_newer_save_of_its_run(tmp_path: Path) -> None:
+    """Once the folder answers, saves go there while an older checkpoint may still be on
+    its way back: that copy would be the newest by order, and rotation would remove the
+    newer save."""
+    state = {"model": nn.Linear(6, 3)}
+    older = CheckpointManager(tmp_path / "fallback", fallback=None).save(state, 16)
+    manager = CheckpointManager(tmp_path / "folder", keep_last=1, fallback=None)
+    manager.save(state, 20)
+    assert manager.copy_in(older) is None
+    assert [info.step for info in manager.list()] == [20]

@@ -58,6 +58,10 @@ Background = Literal["auto", "process", "thread", "never"]
 BACKGROUNDS: tuple[Background, ...] = ("auto", "process", "thread", "never")
 WriteData = Callable[[Path, Any], FileDigest]  # writes a payload to a data file atomically
 
+
+class _Superseded(Exception):
+    """A copy into the folder is not needed: its run saved a newer checkpoint there."""
+
 KEEP_LAST = 3  # the newest checkpoints a folder keeps unless told otherwise
 _COPY_CHUNK = 1 << 20
 
@@ -260,10 +264,13 @@ class CheckpointManager:
             self._process = None
 
     def copy_in(self, info: CheckpointInfo,
-                committed: Callable[[CheckpointInfo], None] | None = None) -> CheckpointInfo:
+                committed: Callable[[CheckpointInfo], None] | None = None
+                ) -> CheckpointInfo | None:
         """Copy a checkpoint of another folder (a fallback folder's) into this one, as its
         newest checkpoint of this process's run; returns the copy. ``committed`` is called
         with it as soon as its manifest is written (before old checkpoints are rotated away).
+        Nothing is copied, and None returned, where the run already has a newer checkpoint
+        here (saved meanwhile): a copy would rotate it away as the older one.
 
         The copy is checked against ``info``'s manifest before it is committed;
         CheckpointStorageError when this folder fails, CheckpointError when the source
@@ -271,7 +278,10 @@ class CheckpointManager:
         """
         expected = info.files.get(info.data_path.name, {})
 
-        def copy(path: Path, _payload: Any) -> FileDigest:
+        def copy(path: Path, _payload: Any) -> FileDigest:  # under the folder's lock
+            if any(other.run == run and other.time > info.time
+                   for other in catalog.read_catalog(self.directory)[0]):
+                raise _Superseded
             with open(info.data_path, "rb") as source:
                 temporary, digest = write_temporary(
                     path, lambda file: shutil.copyfileobj(source, file, _COPY_CHUNK))
@@ -287,7 +297,10 @@ class CheckpointManager:
             run = self._claim_run()
         details = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)
                    if field.name not in ("name", "directory", "sequence", "files", "status")}
-        return self._write({**details, "run": run}, {}, copy, committed)
+        try:
+            return self._write({**details, "run": run}, {}, copy, committed)
+        except _Superseded:
+            return None
 
     def _write_in_background(self, details: dict[str, Any], payload: dict[str, Any],
                              write_data: WriteData) -> None:

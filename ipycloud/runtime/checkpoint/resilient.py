@@ -217,9 +217,14 @@ class ResilientSaver:
                     self._on_fallback, self._failures = False, 0
                     break
             try:
-                copied = self.manager.copy_in(newest, committed=self._copied_back)
+                copy = self.manager.copy_in(newest, committed=self._copied_back)
             except CheckpointError:  # still failing: the next save tries again
                 return
+            if copy is None:  # a save landed in the folder meanwhile: it answers
+                with self._lock:
+                    self._on_fallback, self._failures = False, 0
+                break
+            copied = copy
         if copied is not None:
             self._notices.append(f"{self.manager.directory} answers again: step "
                                  f"{copied.step} is copied back into it, and checkpoints go "
