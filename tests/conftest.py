@@ -3,6 +3,7 @@ local machine, Colab's callback registry, and a fresh process state around every
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -123,3 +124,23 @@ def colab_callbacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., 
     for module in (google, colab, output):
         monkeypatch.setitem(sys.modules, module.__name__, module)
     return callbacks
+
+
+_exit_status: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the test process with pytest's exit status once everything is reported,
+    skipping the interpreter's teardown. In two full runs of this suite on a 2-core VM,
+    IPython's exit-time ``gc.collect()`` looped forever in ``move_unreachable`` after the
+    summary of a green run (a corrupted GC list: some native memory corruption in the test
+    process, cause not yet found), which would hang CI. Remove this once it is found."""
+    if _exit_status:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status[-1])
