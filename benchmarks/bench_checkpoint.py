@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import platform
 import shutil
@@ -71,6 +70,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from figures import write_results
 from torch import nn
 
 from ipycloud.runtime.checkpoint import (
@@ -636,8 +636,7 @@ def main() -> None:
         results = results_of(bench, parameters, loop, regimes)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     print_summary(results)
 
 

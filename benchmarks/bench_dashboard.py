@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from figures import write_results
 from jupyter_client.manager import start_new_kernel
 
 RESULTS = Path(__file__).parent / "results" / "dashboard.json"
@@ -168,8 +169,7 @@ def main() -> None:
         "goal_ratio": 0.99,
         "per_tick": ticks,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     medians = runs["steps_per_s"]
     print(f"steps/s in a kernel (median of {ROUNDS}): without {medians['without']:.0f}, with "
           f"a live dashboard at 1 Hz {medians['with_dashboard']:.0f}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import random
 import resource
@@ -39,6 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
+
+from figures import write_results
 
 from ipycloud.runtime.storage.extract import ExtractReport, extract
 
@@ -159,8 +160,7 @@ def main() -> None:
                     "rounds": ROUNDS, "seed": SEED},
         **results,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
+    write_results(RESULTS, summary)
     print("\n".join(verdicts(summary, results)))
 
 

@@ -21,7 +21,6 @@ MB are 10^6 bytes.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import statistics
@@ -30,6 +29,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from figures import write_results
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -161,8 +162,7 @@ def main() -> None:
         sys.exit(f"bench_faultfs: {reason}")
     with tempfile.TemporaryDirectory(prefix="ipycloud-bench-faultfs-", dir="/var/tmp") as base:
         results = measure(Path(base))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     print(f"written to {RESULTS}")
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
-import json
 import statistics
 import tempfile
 import time
@@ -51,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from figures import write_results
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -355,8 +355,7 @@ def main() -> None:
         "resume_at_batch_50000": resume,
         "goal_resume_beyond_load_s": 1.0,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     print("\n".join(_table(models, rounds)))
     print(f"resume at batch {RESUME_AT_BATCH}: first new step after "
           f"{resume['to_first_new_step_s']:.3f} s, of which checkpoint load "

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from figures import write_results
+
 RESULTS = Path(__file__).parent / "results" / "foundation.json"
 STARTS = 15
 CALLS = 200
@@ -166,8 +168,7 @@ def main() -> None:
         },
         "gpuinfo_cold": cold,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     lx, gi = results["load_ext"], results["gpuinfo"]
     print(f"%load_ext ipycloud adds {lx['load_ext_added_s'] * 1e3:.1f} ms to a bare shell start "
           f"of {lx['bare_shell_start_s'] * 1e3:.1f} ms (x{lx['ratio_to_bare_shell_start']:.2f}; "

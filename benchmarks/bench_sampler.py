@@ -14,7 +14,6 @@ results go to ``benchmarks/results/sampler.json``.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -24,7 +23,7 @@ import timeit
 from pathlib import Path
 
 import psutil
-from figures import percentile
+from figures import percentile, write_results
 
 from ipycloud.runtime.machine import nvml
 from ipycloud.runtime.machine.cgroup import read_cgroup_limits
@@ -127,8 +126,7 @@ def main() -> None:
         "idle_process_cpu_percent": idle,
         "parts_us": parts_us,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     print(f"GPU: {gpu}")
     for name, rate in rates.items():
         print(f"{name}: sampler thread {rate['core_percent']:.4f}% of one core "

@@ -84,7 +84,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from figures import percentile
+from figures import percentile, write_results
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
@@ -658,8 +658,7 @@ def main() -> None:
         "server": server,
         "browser": browser,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     summarize(results)
 
 

@@ -22,7 +22,6 @@ without it. Run: ``python benchmarks/bench_sync.py``; results go to
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -33,6 +32,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from figures import write_results
 
 from ipycloud.runtime.storage.sync import SyncReport, sync
 
@@ -178,8 +179,7 @@ def main() -> None:
         results = measure(base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     tree = results["tree"]
     assert isinstance(tree, dict)
     print(f"tree: {tree['files']} files, {tree['folders']} folders, "

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_dashboard import BATCH, SETUP, STEPS, Kernel
-from figures import percentile
+from figures import percentile, write_results
 
 RESULTS = Path(__file__).parent / "results" / "webpage.json"
 ROUNDS = 40
@@ -195,8 +195,7 @@ def main() -> None:
                      "latency_ms": latency_ms},
         "goals": {"page_core_percent": 0.2, "ratio": 0.99},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     shares = cpu["core_percent"]
     print(f"kernel in a sleeping cell, % of one core (median of {WINDOWS} windows of "
           f"{WINDOW_S:.0f} s): "

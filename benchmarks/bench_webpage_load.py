@@ -39,7 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_dashboard import Kernel
-from figures import percentile
+from figures import percentile, write_results
 
 RESULTS = Path(__file__).parent / "results" / "webpage_load.json"
 CLIENTS = 50
@@ -148,8 +148,7 @@ def main() -> None:
         "rounds": rounds,
         "goals": {"failed": 0, "p99_ms": 50.0},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     for name, figures in rounds.items():
         latency = figures["latency_ms"]
         print(f"{name}: {CLIENTS} clients for {ROUND_S:.0f} s, {figures['requests']} requests, "

@@ -41,6 +41,11 @@ def write_soak(results: dict[str, Any], out: Path, began: float, load_before: fl
     results["total_s"] = round(time.monotonic() - began, 1)
     print(f"{results['total_s']} s in all; load average {load_before:.2f} at the start, "
           f"{results['machine']['load_average_1min']} at the end")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    write_results(out, results, indent=1)
     print(f"written to {out}")
+
+
+def write_results(out: Path, results: Any, indent: int = 2) -> None:
+    """Write ``results`` to ``out`` as JSON, making its folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=indent) + "\n")

@@ -27,7 +27,6 @@ every kill in it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -35,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from figures import write_results
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -97,8 +98,7 @@ def main() -> None:
                      if kill.failures()],
         "kills": as_records(kills),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     print("\n".join(table(kinds)))
     for failure in results["failures"]:
         print(f"FAILED: {failure['kind']}: {'; '.join(failure['failures'])}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import random
@@ -28,6 +27,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from figures import write_results
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -76,8 +77,7 @@ def main() -> None:
         **totals,
         "cells": [dataclasses.asdict(result) for result in results],
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(output, indent=2) + "\n")
+    write_results(RESULTS, output)
     print(f"{totals['passed']}/{totals['cells_run']} cells passed, {totals['resumed_equal']} "
           f"resumed bitwise equal, {totals['hangs']} hangs, in {output['seconds']:.0f} s; "
           f"written to {RESULTS}")

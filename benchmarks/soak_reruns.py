@@ -27,7 +27,6 @@ Run: ``python benchmarks/soak_reruns.py [--reruns N]`` (about 2 minutes); result
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -36,6 +35,8 @@ import time
 from dataclasses import astuple
 from pathlib import Path
 from typing import Any
+
+from figures import write_results
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
@@ -114,8 +115,7 @@ def main() -> None:
         "readings": [reading.as_dict() for reading in readings],
         "burst": burst,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(RESULTS, results)
     print(f"{'figure':<20}{'before':>10}{'first':>10}{'last':>10}{'max':>10}  flat")
     for name, figure in figures.items():
         print(f"{name:<20}{before.as_dict()[name]:>10}{figure['first']:>10}"
