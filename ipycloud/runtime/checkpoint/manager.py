@@ -278,10 +278,7 @@ class CheckpointManager:
         """
         expected = info.files.get(info.data_path.name, {})
 
-        def copy(path: Path, _payload: Any) -> FileDigest:  # under the folder's lock
-            if any(other.run == run and other.time > info.time
-                   for other in catalog.read_catalog(self.directory)[0]):
-                raise _Superseded
+        def copy(path: Path, _payload: Any) -> FileDigest:
             with open(info.data_path, "rb") as source:
                 temporary, digest = write_temporary(
                     path, lambda file: shutil.copyfileobj(source, file, _COPY_CHUNK))
@@ -297,8 +294,11 @@ class CheckpointManager:
             run = self._claim_run()
         details = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)
                    if field.name not in ("name", "directory", "sequence", "files", "status")}
+        def superseded(infos: list[CheckpointInfo]) -> bool:
+            return any(other.run == run and other.time > info.time for other in infos)
+
         try:
-            return self._write({**details, "run": run}, {}, copy, committed)
+            return self._write({**details, "run": run}, {}, copy, committed, superseded)
         except _Superseded:
             return None
 
@@ -313,16 +313,22 @@ class CheckpointManager:
 
     def _write(self, details: dict[str, Any], payload: dict[str, Any],
                write_data: WriteData,
-               committed: Callable[[CheckpointInfo], None] | None = None) -> CheckpointInfo:
+               committed: Callable[[CheckpointInfo], None] | None = None,
+               superseded: Callable[[list[CheckpointInfo]], bool] | None = None
+               ) -> CheckpointInfo:
         """Write one checkpoint; its name and sequence number are picked under the lock.
 
         ``details`` are the CheckpointInfo fields other than name, directory and sequence;
-        ``write_data`` writes the payload to the data file.
+        ``write_data`` writes the payload to the data file; ``committed`` is told of the
+        checkpoint once its manifest is written; where ``superseded`` finds the folder's
+        checkpoints make this one needless, nothing is written (_Superseded).
         """
         with (self._storage(f"cannot use the folder {self.directory}"),
               folder_lock(self.directory)):
             self._remove_leftovers()
             infos, _ = catalog.read_catalog(self.directory)
+            if superseded is not None and superseded(infos):
+                raise _Superseded
             info = CheckpointInfo(
                 name=catalog.new_name(details["step"], details["tag"], self.directory),
                 directory=self.directory, sequence=infos[-1].sequence + 1 if infos else 1,

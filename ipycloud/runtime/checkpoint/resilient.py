@@ -221,8 +221,7 @@ class ResilientSaver:
             except CheckpointError:  # still failing: the next save tries again
                 return
             if copy is None:  # a save landed in the folder meanwhile: it answers
-                with self._lock:
-                    self._on_fallback, self._failures = False, 0
+                self._copied_back(None)
                 break
             copied = copy
         if copied is not None:
@@ -230,8 +229,9 @@ class ResilientSaver:
                                  f"{copied.step} is copied back into it, and checkpoints go "
                                  "there again")
 
-    def _copied_back(self, copy: CheckpointInfo) -> None:
-        """A copy is committed in the folder: the next save goes there."""
+    def _copied_back(self, copy: CheckpointInfo | None) -> None:
+        """The folder holds the newest checkpoint, or ``copy`` was just committed there:
+        the next save goes there."""
         with self._lock:
             self._succeeded(copy)
             self._on_fallback, self._failures = False, 0

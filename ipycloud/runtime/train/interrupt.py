@@ -67,10 +67,9 @@ class Preemption:
         self._main = main
         self._previous: Any = None
         self._active = False
-        self._pid = os.getpid()
+        self._pid = os.getpid()  # the process whose fit this is
 
     def __enter__(self) -> Preemption:
-        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGTERM)
             if previous != signal.SIG_IGN:
