@@ -45,6 +45,12 @@ class EpochData:
         self._loader, self._sampler, self._units_per_batch = _rebuild(data, seed, rank,
                                                                       world_size)
 
+    @property
+    def batch_size(self) -> int | None:
+        """Samples in a batch, where the data says (a DataLoader's ``batch_size``)."""
+        size = getattr(self._source, "batch_size", None)
+        return size if isinstance(size, int) else None
+
     # -- the position ---------------------------------------------------------------------
 
     def position(self) -> dict[str, Any]:

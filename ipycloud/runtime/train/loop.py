@@ -40,6 +40,16 @@ from ipycloud.runtime.train.arguments import (
 from ipycloud.runtime.train.callbacks import Callbacks, early_stopping
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
+from ipycloud.runtime.train.followers import (
+    FAILED,
+    FINISHED,
+    PAUSED,
+    STOPPED_EARLY,
+    Followers,
+    RunEnd,
+    RunStart,
+    start_following,
+)
 from ipycloud.runtime.train.history import History
 from ipycloud.runtime.train.interrupt import DeferredInterrupt, Preemption
 from ipycloud.runtime.train.losses import LossRule, pick_loss
@@ -186,6 +196,8 @@ class _Trainer:
         self._bar = Progress(False)  # the run's, once it starts
         self._phase = STARTING
         self._rng_states: dict[str, Any] = {}  # as they were when the phase began
+        self.followers = Followers()  # told what happens, once the steps begin
+        self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
 
     # -- the run --------------------------------------------------------------------------
 
@@ -214,6 +226,8 @@ class _Trainer:
         bar.start(self._total_steps(), self.step)
         self.manager, self._bar = manager, bar
         self._enter(STARTING)
+        self.followers = start_following(self._run_start(manager))
+        self._logged_at = (self.step, time.monotonic())
         try:
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
                                    "(interrupt again to stop at once)") as self._interrupt, \
@@ -224,13 +238,17 @@ class _Trainer:
                     if self._preemption.requested and self._phase == FETCHING:
                         self._end_preempted(bar)  # its workers got the SIGTERM too
                     raise
-        except BaseException:
+        except BaseException as error:
             if self.saver is not None:  # let the last good checkpoint finish writing
                 with contextlib.suppress(Exception):
                     self.saver.wait()
+            self._tell_end(PAUSED if isinstance(error, KeyboardInterrupt) else FAILED,
+                           _first_line(error))
             raise
         finally:
             bar.close()
+        self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
+            else self._tell_end(FINISHED, None)
         return self.history
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
@@ -429,7 +447,21 @@ class _Trainer:
         row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self._lr()}
         self.history.steps.append(row)
         bar.advance(len(window), loss=mean, lr=row["lr"])
+        self.followers.tell("stepped", {**row, **self._pace()})
         return row
+
+    def _pace(self) -> dict[str, float | None]:
+        """Optimizer steps and samples a second since the previous logged row."""
+        now = time.monotonic()
+        last_step, last_time = self._logged_at or (self.step, now)
+        self._logged_at = (self.step, now)
+        if now <= last_time or self.step <= last_step:
+            return {"steps_per_s": None, "samples_per_s": None}
+        steps_per_s = (self.step - last_step) / (now - last_time)
+        batch = self.data.batch_size
+        samples = batch * self.plan.grad_accum * self._rank_and_world()[1] if batch else None
+        return {"steps_per_s": steps_per_s,
+                "samples_per_s": steps_per_s * samples if samples else None}
 
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
@@ -451,6 +483,7 @@ class _Trainer:
             self.scheduler.step(logs["val_loss" if val_data is not None else "train_loss"])
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
+        self.followers.tell("epoch_ended", dict(logs))
         bar.say(f"epoch {epoch}: " + ", ".join(
             f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
             for key, value in logs.items() if key != "epoch"))
@@ -471,6 +504,7 @@ class _Trainer:
         if reason and not self.history.stopped:
             self.history.stopped = f"{reason} (step {self.step})"
             bar.say(f"ipycloud.fit: {self.history.stopped}")
+            self.followers.tell("happened", "early_stop", self.history.stopped)
 
     def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
         """After an interrupt: save where the run stands, say so, and stop the cell; after
@@ -486,6 +520,7 @@ class _Trainer:
         else:
             self._save_last(manager, bar)
             line = f"ipycloud.fit: interrupted at step {self.step}; rerun this cell to continue"
+        self.followers.tell("happened", "pause", line)
         bar.close()
         print(line, flush=True)
         raise KeyboardInterrupt(line)
@@ -517,6 +552,8 @@ class _Trainer:
     def _say_preempted(self, bar: Progress, rng_states: dict[str, Any] | None) -> str:
         """Save where the run stands (the generators at ``rng_states``) and say so."""
         bar.say(f"ipycloud.fit: SIGTERM at step {self.step}: the machine is going away")
+        self.followers.tell("happened", "sigterm",
+                            f"SIGTERM at step {self.step}: the machine is going away")
         if self.manager is None:
             line = (f"ipycloud.fit: stopped at step {self.step}; no checkpoint= was given, so "
                     "the run is lost with the process")
@@ -629,6 +666,27 @@ class _Trainer:
             return
         self._reported_checkpoint = info.name
         self.callbacks.call("on_checkpoint", info)
+        self.followers.tell("checkpointed", {"name": info.name, "step": info.step,
+                                             "epoch": info.epoch,
+                                             "folder": str(info.directory)})
+
+    def _run_start(self, manager: Any) -> RunStart:
+        plan = self.plan
+        return RunStart(
+            folder=manager.directory if manager is not None else None, step=self.step,
+            epoch=self.data.epoch, total_steps=self._total_steps(), epochs=plan.epochs,
+            max_steps=plan.max_steps, main=self.main,
+            details={"device": str(self.device), "precision": plan.precision.name,
+                     "model": type(self.raw_model).__name__,
+                     "parameters": sum(p.numel() for p in self.raw_model.parameters()),
+                     "optimizer": type(self.optimizer).__name__,
+                     "batch_size": self.data.batch_size,
+                     "grad_accum": plan.grad_accum,
+                     "world_size": self._rank_and_world()[1]})
+
+    def _tell_end(self, status: str, reason: str | None) -> None:
+        self.followers.tell("ended", RunEnd(status=status, reason=reason, step=self.step,
+                                            epoch=self.data.epoch))
 
     def _resume(self, manager: Any, resume: bool | str | int) -> Any:
         if resume is False:
@@ -709,6 +767,12 @@ def _groups(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
             group = []
     if group:
         yield group
+
+
+def _first_line(error: BaseException) -> str:
+    """``ValueError: the first line of its message``."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _steps_on_metric(scheduler: Any) -> bool:
