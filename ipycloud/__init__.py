@@ -40,6 +40,7 @@ _LAZY_ATTRIBUTES = {
     "GuardSettings": "ipycloud.runtime.guard.settings",
     "register_action": "ipycloud.runtime.guard.deadline",
     "unregister_action": "ipycloud.runtime.guard.deadline",
+    "notify": "ipycloud.runtime.notify",
 }
 
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]

@@ -21,7 +21,7 @@ from ipycloud.runtime.per_process import reset_process_state
 
 # Fixtures of the loopback servers and of failing storage, for any test module that names
 # them.
-pytest_plugins = ["http_server", "gdrive_server", "kaggle_server", "faultfs"]
+pytest_plugins = ["http_server", "gdrive_server", "kaggle_server", "faultfs", "alert_receiver"]
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +38,16 @@ def state_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     test and the processes it starts, never the user's."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     return tmp_path / "state" / "ipycloud"
+
+
+@pytest.fixture(autouse=True)
+def config_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """ipycloud's config folder (where alerts go) under tmp_path, for this test and the
+    processes it starts: no test sends alerts to the user's URLs."""
+    for variable in ("IPYCLOUD_CONFIG_DIR", "IPYCLOUD_NOTIFY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config" / "ipycloud"
 
 
 @pytest.fixture(autouse=True)

@@ -8,10 +8,12 @@ from ipycloud.magics.checkpoint import CheckpointMagics
 from ipycloud.magics.dashboard import DashboardMagics
 from ipycloud.magics.gpuinfo import GpuInfoMagics
 from ipycloud.magics.keepalive import KeepaliveMagics
+from ipycloud.magics.notify import NotifyMagics
 from ipycloud.magics.storage import StorageMagics
 from ipycloud.magics.usage import UsageRecording
 
-MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, KeepaliveMagics)
+MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, KeepaliveMagics,
+          NotifyMagics)
 
 
 def register_all(ipython: InteractiveShell) -> None:

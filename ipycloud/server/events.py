@@ -1,6 +1,7 @@
 """Kernel deaths as events: noticed on the event loop (the kernel restarter's callbacks),
 explained off it (the cgroup counters are files), kept in a bounded list for clients that
-poll with the time of the last event they saw."""
+poll with the time of the last event they saw. A death out of memory is also an alert to
+the user's configured URLs (``runtime.notify``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ipycloud.runtime.monitor.deaths import before_death, explain_death
+from ipycloud.runtime.notify import notify
 from ipycloud.server.monitor import ServerMonitor
 from ipycloud.server.payloads import Json, death_message
 
@@ -61,6 +63,9 @@ class DeathRecorder:
             self._events.append({"id": self._next_id, "time": stamp, **event})
             self._next_id += 1
             self._last_time = stamp
+        if event["out_of_memory"]:  # reads the user's config: off the loop too
+            await loop.run_in_executor(None, notify, "out_of_memory",
+                                       "ipycloud: a kernel ran out of memory", event["message"])
 
     def _explain(self, death: KernelDeath) -> Json:
         oom_kills, ram_peak = self._monitor.probe().memory_counters()

@@ -15,11 +15,13 @@ that save in vain until the grace period ends, and the previous checkpoint stand
 Notices come from background threads, whose output a notebook shows in the latest executed
 cell, which may be long finished or off screen. So every notice is printed to stderr, passed
 to ``notify`` (``%keepalive`` also updates its own output with it) and kept for ``status()``.
+A warning point also sends a ``deadline`` alert to the configured URLs (``runtime.notify``).
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 import time
@@ -31,6 +33,7 @@ from ipycloud.runtime.guard.deadline import register_action, run_or_join, unregi
 from ipycloud.runtime.guard.settings import GuardSettings
 from ipycloud.runtime.guard.status import GuardStatus
 from ipycloud.runtime.messages import describe_error
+from ipycloud.runtime.notify import notify
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.units import format_seconds
 
@@ -240,6 +243,9 @@ class SessionGuard:
                   else "the session limit has passed")
         self._notice(f"{reason} ({format_seconds(limit)}, {source}): running the deadline "
                      "actions now")
+        notify("deadline", "ipycloud: the session ends soon",
+               f"{reason} ({format_seconds(limit)}, {source}) on {socket.gethostname()}: "
+               "running the deadline actions (checkpoint, sync) now")
         threading.Thread(target=self.run_actions, args=(reason,), daemon=True,
                          name="ipycloud-deadline-actions").start()
 

@@ -30,6 +30,7 @@ from ipycloud.runtime.checkpoint.resilient import (
 )
 from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
+from ipycloud.runtime.train.alerts import alert_follower
 from ipycloud.runtime.train.arguments import (
     check_arguments,
     check_epoch_metric,
@@ -226,7 +227,7 @@ class _Trainer:
         bar.start(self._total_steps(), self.step)
         self.manager, self._bar = manager, bar
         self._enter(STARTING)
-        self.followers = start_following(self._run_start(manager))
+        self.followers = start_following(self._run_start(manager), built_in=[alert_follower])
         self._logged_at = (self.step, time.monotonic())
         try:
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "

@@ -1,0 +1,135 @@
+"""Where alerts go: the Apprise URLs saved in ``<config dir>/notify.json`` (mode 0600) and
+those of ``$IPYCLOUD_NOTIFY`` (comma-separated). A URL holds its service's secret (a token,
+a password, a private topic): it is written only to that file and shown only masked.
+
+The config folder is ``$IPYCLOUD_CONFIG_DIR``, else the user's (``~/.config/ipycloud``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.parse
+from pathlib import Path
+
+from ipycloud.runtime._optional import require
+from ipycloud.runtime.durable import write_bytes_atomically
+
+CONFIG_DIR_ENV = "IPYCLOUD_CONFIG_DIR"
+URLS_ENV = "IPYCLOUD_NOTIFY"
+FILE_NAME = "notify.json"
+
+
+def config_file() -> Path:
+    """``notify.json`` in the user's ipycloud config folder."""
+    given = os.environ.get(CONFIG_DIR_ENV)
+    if given:
+        return Path(given).expanduser() / FILE_NAME
+    from platformdirs import user_config_path
+
+    return user_config_path("ipycloud") / FILE_NAME
+
+
+def saved_urls() -> list[str]:
+    """The URLs saved in ``notify.json`` (none without the file); ValueError (one line) for
+    a file that is not what ipycloud writes."""
+    path = config_file()
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read {path}: {type(error).__name__}: fix or delete it") from None
+    urls = content.get("urls") if isinstance(content, dict) else None
+    if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
+        raise ValueError(f"{path} holds no list of URLs under \"urls\": fix or delete it")
+    return urls
+
+
+def environment_urls() -> list[str]:
+    """The URLs of ``$IPYCLOUD_NOTIFY``, comma-separated."""
+    return [url.strip() for url in os.environ.get(URLS_ENV, "").split(",") if url.strip()]
+
+
+def all_urls() -> list[str]:
+    """Every URL an alert goes to: the saved ones, then the environment's, each once."""
+    return list(dict.fromkeys([*saved_urls(), *environment_urls()]))
+
+
+def add_url(url: str) -> str:
+    """Save ``url`` (an Apprise URL: ``ntfy://ntfy.sh/topic``, ``tgram://token/chat``...)
+    for every later alert; returns it masked. ValueError (one line, nothing written) for a
+    URL Apprise cannot read; ImportError naming the extra without Apprise."""
+    url = url.strip()
+    check_url(url)
+    urls = saved_urls()
+    if url not in urls:
+        _write([*urls, url])
+    return mask(url)
+
+
+def remove_url(which: str | int) -> str:
+    """Forget a saved URL, given whole or by its number in ``list_urls()`` (from 1);
+    returns it masked. ValueError (one line) when none matches."""
+    urls = saved_urls()
+    if isinstance(which, int) or which.strip().isdigit():
+        number = int(which)
+        if not 1 <= number <= len(urls):
+            listed = len(urls) + len(environment_urls())
+            if len(urls) < number <= listed:
+                raise ValueError(f"alert URL {number} comes from ${URLS_ENV}: change that "
+                                 "variable to remove it")
+            raise ValueError(f"no saved alert URL number {number}: there are {len(urls)} "
+                             "(see the list)")
+        url = urls[number - 1]
+    elif which.strip() in urls:
+        url = which.strip()
+    else:
+        raise ValueError(f"{mask(which)} is not a saved alert URL: give its number in the list")
+    _write([saved for saved in urls if saved != url])
+    return mask(url)
+
+
+def list_urls() -> list[str]:
+    """Every URL alerts go to, masked, numbered as ``remove_url`` takes them: the saved
+    ones, then those of ``$IPYCLOUD_NOTIFY`` (marked so)."""
+    saved = saved_urls()
+    from_environment = [url for url in environment_urls() if url not in saved]
+    return [mask(url) for url in saved] + [f"{mask(url)} (${URLS_ENV})"
+                                           for url in from_environment]
+
+
+def check_url(url: str) -> None:
+    """ValueError (one line) unless Apprise can send to ``url``."""
+    apprise = require("apprise", "notify")
+    if not url or apprise.Apprise.instantiate(url) is None:
+        raise ValueError(f"{mask(url)} is not a URL Apprise can send to: see "
+                         "https://github.com/caronc/apprise/wiki for each service's form")
+
+
+def mask(url: str) -> str:
+    """``url`` without its secrets: the scheme, the host when it is a host name or an
+    address (not a token in its place), then ``…``: ``ntfy://ntfy.sh/…``, ``tgram://…``."""
+    scheme, separator, rest = url.strip().partition("://")
+    if not separator:
+        return "…"
+    try:
+        parts = urllib.parse.urlsplit(f"x://{rest}")
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        host, port = "", None
+    if not _looks_like_host(host):
+        return f"{scheme}://…"
+    return f"{scheme}://{host}{f':{port}' if port else ''}/…"
+
+
+def _looks_like_host(host: str) -> bool:
+    """A name with a dot (``ntfy.sh``, ``127.0.0.1``) or ``localhost``: a token rarely is."""
+    return host == "localhost" or ("." in host and not host.startswith("."))
+
+
+def _write(urls: list[str]) -> None:
+    path = config_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data = json.dumps({"urls": urls}, indent=2).encode() + b"\n"
+    write_bytes_atomically(path, data, mode=0o600)
