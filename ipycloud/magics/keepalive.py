@@ -92,7 +92,7 @@ class KeepaliveMagics(Magics):
     def _start(self, args: argparse.Namespace) -> Any:
         from IPython.display import Javascript, display
 
-        from ipycloud.runtime.guard.activity import running_kernel
+        from ipycloud.runtime.kernel import running_kernel
 
         guard = self._guard()
         guard.notify = self._show

@@ -55,13 +55,15 @@ def remember_written(path: Path, crc32: str) -> None:
     remember(path, crc32, os.stat(path), time.time_ns())
 
 
-def problem(info: CheckpointInfo, *, read: bool = True) -> str | None:
+def problem(info: CheckpointInfo, *, read: bool = True, read_back: bool = False) -> str | None:
     """Why the checkpoint's files do not match its manifest, or None when they do.
 
     Sizes are always checked. A checksum is read from the file only with ``read``, and
     only when this process does not know it already; without ``read`` an unknown
-    checksum counts as matching. An OSError other than a missing file (a lost mount, an
-    I/O error) is raised: the folder cannot say now.
+    checksum counts as matching. ``read_back`` reads every file again, even one whose
+    checksum is known (the check before nothing but the folder holds the run). An OSError
+    other than a missing file (a lost mount, an I/O error) is raised: the folder cannot
+    say now.
     """
     for file_name, expected in info.files.items():
         path = info.directory / file_name
@@ -71,8 +73,8 @@ def problem(info: CheckpointInfo, *, read: bool = True) -> str | None:
             if status.st_size != expected.get("size"):  # truncation needs no reading
                 return (f"{file_name} has {status.st_size} bytes, the manifest says "
                         f"{expected.get('size')}")
-            crc32 = known_crc32(path, status)
-            if crc32 is None and read:
+            crc32 = None if read_back else known_crc32(path, status)
+            if crc32 is None and (read or read_back):
                 crc32 = FileDigest.of(path).crc32
                 remember(path, crc32, status, taken_ns)
         except FileNotFoundError:

@@ -24,23 +24,10 @@ while a cell runs the calls wait for it (``pings`` shows how many arrived).
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 import uuid
 from typing import Any
-
-
-def running_kernel() -> Any | None:
-    """The ipykernel kernel of this process, or None outside a Jupyter kernel.
-
-    Only a kernel already loaded is looked up: ipykernel is never imported from here.
-    """
-    kernelbase = sys.modules.get("ipykernel.kernelbase")
-    if kernelbase is None:
-        return None
-    kernel_class = kernelbase.Kernel
-    return kernel_class.instance() if kernel_class.initialized() else None
 
 
 class KernelActivity:

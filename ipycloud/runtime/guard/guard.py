@@ -354,7 +354,8 @@ def _clock(unix_time: float) -> str:
 
 
 def _kernel_activity() -> KernelActivity | None:
-    from ipycloud.runtime.guard.activity import KernelActivity, running_kernel
+    from ipycloud.runtime.guard.activity import KernelActivity
+    from ipycloud.runtime.kernel import running_kernel
 
     kernel = running_kernel()
     return None if kernel is None else KernelActivity(kernel)

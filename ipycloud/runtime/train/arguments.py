@@ -93,3 +93,12 @@ def check_epoch_metric(metric: str, what: str, has_validation: bool,
                          "val_data, or watch 'train_loss'")
     raise ValueError(f"{what} watches {metric!r}, which no epoch of this run reports (they "
                      f"report {', '.join(reported)})")
+
+
+def check_release(release: Any, has_checkpoint_folder: bool) -> None:
+    """TypeError or ValueError for a ``release`` that cannot be honoured."""
+    if not isinstance(release, bool):
+        raise TypeError(f"release must be True or False, not {release!r}")
+    if release and not has_checkpoint_folder:
+        raise ValueError("release=True needs checkpoint= (a folder or a CheckpointManager): "
+                         "the machine goes only once the final checkpoint is saved there")

@@ -34,6 +34,7 @@ from ipycloud.runtime.train.alerts import alert_follower
 from ipycloud.runtime.train.arguments import (
     check_arguments,
     check_epoch_metric,
+    check_release,
     checkpoint_manager,
     checkpoint_seconds,
     unreadable_at_start,
@@ -56,6 +57,7 @@ from ipycloud.runtime.train.interrupt import DeferredInterrupt, Preemption
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
+from ipycloud.runtime.train.release import keep_machine, release_when_safe
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.xla import OnCpu
 
@@ -95,7 +97,7 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         device: Any = "auto", checkpoint: Any = None, checkpoint_every: str | int = "10m",
         resume: bool | str | int = "auto", callbacks: Sequence[Any] = (),
         early_stop: Sequence[Any] | None = None, log_every: int = LOG_EVERY,
-        progress: bool = True, seed: int | None = None) -> History:
+        progress: bool = True, seed: int | None = None, release: bool = False) -> History:
     """Train ``model`` with ``optimizer`` on ``train_data``; returns the History.
 
     - ``epochs`` or ``max_steps`` (optimizer steps) bounds the run; neither means 1 epoch.
@@ -128,6 +130,11 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       stops at once.
     - ``seed`` fixes the data order and every sample's random draws (default:
       ``torch.initial_seed()``).
+    - ``release=True`` (with ``checkpoint=``) gives the machine back once the run has
+      finished or stopped early, its final checkpoint read back and verified and every
+      background sync of its folder through a final pass: on Colab the runtime is
+      unassigned, elsewhere the kernel ends after this cell (a script ends). A run that
+      fails or pauses, or a save or sync that fails, keeps the machine and says why.
     Inside ``ipycloud.launch`` the model is wrapped in DDP, each rank reads its share of
     the data, and only rank 0 writes checkpoints and shows progress.
     """
@@ -135,6 +142,7 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
     manager = checkpoint_manager(checkpoint)
     resuming.check_resume(resume, manager is not None)
+    check_release(release, manager is not None)
     choice = choose_device(device)
     plan = _Plan(
         choice=choice, precision=resolve_precision(precision, choice.device, choice.kind),
@@ -153,7 +161,15 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan,
                        Callbacks([*callbacks, *([stopping] if stopping else [])]),
                        seed if seed is not None else torch.initial_seed() % 2**31)
-    return trainer.run(train_data, val_data, manager, resume, progress)
+    try:
+        history = trainer.run(train_data, val_data, manager, resume, progress)
+    except BaseException as error:
+        if release:
+            keep_machine(f"the run {PAUSED if isinstance(error, KeyboardInterrupt) else FAILED}")
+        raise
+    if release:
+        trainer.release()
+    return history
 
 
 class _Trainer:
@@ -251,6 +267,14 @@ class _Trainer:
         self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
             else self._tell_end(FINISHED, None)
         return self.history
+
+    def release(self) -> None:
+        """Give the machine back after a run that ended well (``fit(release=True)``)."""
+        if self.dist is not None:
+            keep_machine("inside launch, the notebook's process releases the machine, not a "
+                         "rank")
+        elif self.saver is not None:
+            release_when_safe(self.saver)
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
         while not self._finished():

@@ -1,0 +1,96 @@
+"""Giving the machine back when a run is safely over: ``fit(..., release=True)``.
+
+The machine goes only once nothing but the checkpoint folder holds the run: the final
+checkpoint is read back from the folder and matches its manifest, and every running
+background sync of the folder (``storage.background``) has made its final pass. Otherwise
+it stays, and one line says why. Alerts still queued go first (waiting a few seconds).
+
+On Colab the runtime is unassigned (``google.colab.runtime.unassign()``): the notebook
+disconnects and the machine, GPU and billing end. Elsewhere the kernel ends once the cell
+is done, as ``exit`` does (a Jupyter server may start a fresh, idle one); outside a kernel,
+the script ends with SystemExit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any
+
+from ipycloud.runtime import notify
+from ipycloud.runtime.checkpoint import integrity
+from ipycloud.runtime.checkpoint.resilient import ResilientSaver
+from ipycloud.runtime.kernel import running_kernel
+from ipycloud.runtime.messages import describe_error
+from ipycloud.runtime.storage.background import running_syncs
+
+ALERTS_WAIT_S = 10.0  # how long queued alerts may take before the machine goes
+PREFIX = "ipycloud.fit: "
+
+
+def keep_machine(why: str) -> None:
+    """Say in one line why the machine stays."""
+    print(f"{PREFIX}release=True: keeping the machine: {why}", flush=True)
+
+
+def release_when_safe(saver: ResilientSaver) -> None:
+    """Release the machine if the run's final checkpoint is safe in its folder (see the
+    module); otherwise say why not."""
+    problem = _unsafe(saver)
+    if problem is not None:
+        keep_machine(problem)
+        return
+    notify.flush(ALERTS_WAIT_S)
+    colab = _colab_runtime()
+    if colab is not None:
+        print(f"{PREFIX}the run is saved and verified: releasing this Colab machine",
+              flush=True)
+        colab.unassign()
+        return
+    kernel = running_kernel()
+    if kernel is not None and getattr(kernel, "shell", None) is not None:
+        print(f"{PREFIX}the run is saved and verified: shutting this kernel down to free "
+              "the machine", flush=True)
+        kernel.shell.ask_exit()  # the kernel ends once this cell is done
+        return
+    print(f"{PREFIX}the run is saved and verified: ending this process to free the machine",
+          flush=True)
+    raise SystemExit(0)
+
+
+def _unsafe(saver: ResilientSaver) -> str | None:
+    """Why the run is not safe in its folder yet, or None: the final checkpoint read back
+    and verified, then each background sync of the folder through its final pass."""
+    folder = saver.manager.directory
+    final = saver.newest
+    if final is None:
+        return f"no checkpoint of this run is in {folder}"
+    if final.directory != folder:
+        return f"the final checkpoint is only in {final.directory}, not in {folder}"
+    try:
+        damage = integrity.problem(final, read_back=True)
+    except OSError as error:
+        return f"the final checkpoint cannot be read back from {folder}: {describe_error(error)}"
+    if damage is not None:
+        return f"the final checkpoint {final.name} fails its check when read back: {damage}"
+    resolved = folder.resolve()
+    for background in running_syncs():
+        if background.src == resolved or background.src in resolved.parents:
+            # An earlier run's error is moot once the final pass works.
+            with contextlib.suppress(Exception):
+                background.stop(final=False)
+            try:
+                background.sync_now()
+            except Exception as error:
+                return (f"the final sync {background.src} -> {background.dst} failed: "
+                        f"{describe_error(error)}")
+    return None
+
+
+def _colab_runtime() -> Any | None:
+    """``google.colab.runtime`` on Colab, else None."""
+    try:
+        runtime = importlib.import_module("google.colab.runtime")
+    except ImportError:
+        return None
+    return runtime if hasattr(runtime, "unassign") else None
