@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from kernels import kernel
+from test_fit_followers import problem
 
 import ipycloud
 from ipycloud.runtime.storage.background import BackgroundSync
@@ -24,13 +24,9 @@ KEEPING = "ipycloud.fit: release=True: keeping the machine: "
 
 
 def train(folder: Path | None, **options: Any) -> ipycloud.History:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    dataset = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
-    return ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                        torch.utils.data.DataLoader(dataset, batch_size=8), epochs=2,
-                        device="cpu", progress=False, checkpoint=folder, release=True,
-                        **options)
+    model, optimizer, data = problem(32)
+    return ipycloud.fit(model, optimizer, data, epochs=2, device="cpu", progress=False,
+                        checkpoint=folder, release=True, **options)
 
 
 def unassigned() -> list[tuple[()]]:

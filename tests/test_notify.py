@@ -17,6 +17,7 @@ import torch
 from alert_receiver import AlertReceiver
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
+from test_fit_followers import problem
 
 import ipycloud
 from ipycloud.runtime import notify
@@ -26,17 +27,8 @@ from ipycloud.runtime.notify.sender import Alert, Notifier
 SECRET = "s3cret-token"
 
 
-def problem(samples: int = 32) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any]:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    dataset = torch.utils.data.TensorDataset(torch.randn(samples, 4),
-                                             torch.randint(0, 2, (samples,)))
-    return (model, torch.optim.SGD(model.parameters(), lr=0.1),
-            torch.utils.data.DataLoader(dataset, batch_size=8))
-
-
 def train(**options: Any) -> ipycloud.History:
-    model, optimizer, data = problem()
+    model, optimizer, data = problem(32)
     return ipycloud.fit(model, optimizer, data, device="cpu", progress=False, **options)
 
 
@@ -171,7 +163,7 @@ def test_fit_alerts_when_a_run_finishes_fails_and_pauses(
 def test_a_run_that_stops_early_says_why(monkeypatch: pytest.MonkeyPatch,
                                          alert_receiver: AlertReceiver) -> None:
     alerts_to(monkeypatch, alert_receiver.url())
-    model, optimizer, data = problem()
+    model, optimizer, data = problem(32)
     ipycloud.fit(model, optimizer, data, epochs=20, val_data=data, device="cpu",
                  progress=False, early_stop=("val_loss", 1, "max"))
     ((title, message),) = sent(alert_receiver)
