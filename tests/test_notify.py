@@ -62,7 +62,8 @@ def test_a_saved_url_is_private_to_the_user_and_shown_only_masked(
     assert SECRET not in capsys.readouterr().out + saved.read_text()
 
 
-@pytest.mark.parametrize("line", ["add bogus://x", "add 'not a url'", "add json://"])
+@pytest.mark.parametrize("line", ["add bogus://x", "add 'not a url'", "add json://",
+                                  "add ntfy:/topic"])
 def test_a_url_apprise_cannot_read_is_refused_in_one_line_and_nothing_is_written(
         shell: InteractiveShell, config_home: Path, line: str) -> None:
     with pytest.raises(UsageError, match=r"^%notify add: .* is not a URL Apprise can send "
@@ -117,7 +118,7 @@ def test_notify_test_sends_to_each_url_and_says_which_failed(
     port = alert_receiver.url("").split(":")[2].rstrip("/")
     assert str(shell.run_line_magic("notify", "test")) == (
         f"test alert sent to json://127.0.0.1:{port}/…\n"
-        f"test alert NOT sent to json://127.0.0.1:{closed}/… (the log says why)")
+        f"test alert NOT sent to json://127.0.0.1:{closed}/… (the warning above says why)")
     assert [message["title"] for message in alert_receiver.messages] == ["ipycloud: test alert"]
     assert f"the test alert was not sent to json://127.0.0.1:{closed}/…" in caplog.text
     assert SECRET not in caplog.text

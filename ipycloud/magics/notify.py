@@ -74,7 +74,7 @@ class NotifyMagics(Magics):
             if args.action == "test":
                 return Notice("\n".join(
                     f"test alert {'sent to' if sent else 'NOT sent to'} {url}"
-                    + ("" if sent else " (the log says why)")
+                    + ("" if sent else " (the warning above says why)")
                     for url, sent in notify.send_test()))
             listed = notify.list_urls()
         except (ValueError, ImportError) as error:

@@ -111,8 +111,9 @@ def mask(url: str) -> str:
     """``url`` without its secrets: the scheme, the host when it is a host name or an
     address (not a token in its place), then ``…``: ``ntfy://ntfy.sh/…``, ``tgram://…``."""
     scheme, separator, rest = url.strip().partition("://")
-    if not separator:
-        return "…"
+    if not separator:  # not a URL: at most what stands before a colon
+        head, colon, _ = url.strip().partition(":")
+        return f"{head}:…" if colon and head.isalpha() else "…"
     try:
         parts = urllib.parse.urlsplit(f"x://{rest}")
         host, port = parts.hostname or "", parts.port
