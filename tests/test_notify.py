@@ -118,9 +118,11 @@ def test_notify_test_sends_to_each_url_and_says_which_failed(
     port = alert_receiver.url("").split(":")[2].rstrip("/")
     assert str(shell.run_line_magic("notify", "test")) == (
         f"test alert sent to json://127.0.0.1:{port}/…\n"
-        f"test alert NOT sent to json://127.0.0.1:{closed}/… (the warning above says why)")
+        f"test alert NOT sent to json://127.0.0.1:{closed}/…: A Connection error occurred "
+        "sending JSON notification to 127.0.0.1.")
     assert [message["title"] for message in alert_receiver.messages] == ["ipycloud: test alert"]
-    assert f"the test alert was not sent to json://127.0.0.1:{closed}/…" in caplog.text
+    assert (f"the test alert was not sent to json://127.0.0.1:{closed}/…: A Connection error "
+            "occurred") in caplog.text
     assert SECRET not in caplog.text
 
 

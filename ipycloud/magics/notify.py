@@ -73,9 +73,9 @@ class NotifyMagics(Magics):
                 return Notice(f"alerts no longer go to {notify.remove_url(args.target)}")
             if args.action == "test":
                 return Notice("\n".join(
-                    f"test alert {'sent to' if sent else 'NOT sent to'} {url}"
-                    + ("" if sent else " (the warning above says why)")
-                    for url, sent in notify.send_test()))
+                    f"test alert sent to {url}" if problem is None
+                    else f"test alert NOT sent to {url}: {problem}"
+                    for url, problem in notify.send_test()))
             listed = notify.list_urls()
         except (ValueError, ImportError) as error:
             raise UsageError(f"%notify {args.action}: {error}") from None

@@ -46,10 +46,11 @@ def flush(timeout: float) -> bool:
     return notifier().flush(timeout)
 
 
-def send_test() -> list[tuple[str, bool]]:
+def send_test() -> list[tuple[str, str | None]]:
     """Send a test message to every configured URL now (waiting for each, up to Apprise's
-    timeouts); (masked URL, whether it was sent) for each. ValueError (one line) when none
-    is configured, ImportError naming the extra without Apprise."""
+    timeouts); for each, the URL masked and None when it was sent, else why not.
+    ValueError (one line) when none is configured, ImportError naming the extra without
+    Apprise."""
     if not all_urls():
         raise ValueError("no alert URL is configured: add one first (an Apprise URL such as "
                          "ntfy://ntfy.sh/your-topic)")

@@ -5,8 +5,9 @@ alert is dropped when one of its kind went less than ``MIN_INTERVAL_S`` ago, or 
 queue is full (a notifier that hangs holds the thread, never the caller).
 
 Each send is bounded by Apprise's own connect and read timeouts (``?cto=`` and ``?rto=``
-in a URL, 4 s each by default). Failures are logged with the URL masked; the debug lines of
-Apprise and urllib3 that carry whole URLs are kept out of the logs while an alert is sent.
+in a URL, 4 s each by default). Failures are logged with the URL masked and Apprise's
+reason; the debug lines of Apprise and urllib3 that carry whole URLs are kept out of the
+logs while an alert is sent.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ipycloud.runtime.messages import describe_error
+from ipycloud.runtime.messages import describe_error, scrub
 from ipycloud.runtime.notify.urls import all_urls, mask
 from ipycloud.runtime.per_process import per_process
 
@@ -118,25 +119,27 @@ class Notifier:
                 self._queue.task_done()
 
 
-def send_now(alert: Alert) -> list[tuple[str, bool]]:
-    """Send ``alert`` to every configured URL now, on this thread; (masked URL, whether it
-    was sent) for each. A URL that fails is logged, masked."""
+def send_now(alert: Alert) -> list[tuple[str, str | None]]:
+    """Send ``alert`` to every configured URL now, on this thread; for each, the URL masked
+    and None when it was sent, else why not (Apprise's warning, logged too)."""
     apprise = _apprise()
     if apprise is None:
         return []
     severity = _SEVERITY.get(alert.kind, "info")
     results = []
-    _sending.active = True
-    try:
-        for url in all_urls():
+    for url in all_urls():
+        _sending.heard = []
+        try:
             service = apprise.Apprise.instantiate(url)
             sent = service is not None and bool(
                 service.notify(body=alert.body, title=alert.title, notify_type=severity))
-            if not sent:
-                _log.warning("ipycloud: the %s alert was not sent to %s", alert.kind, mask(url))
-            results.append((mask(url), sent))
-    finally:
-        _sending.active = False
+        finally:
+            heard, _sending.heard = _sending.heard, None
+        problem = None if sent else scrub(heard[0] if heard else "Apprise gave no reason", [url])
+        if problem is not None:
+            _log.warning("ipycloud: the %s alert was not sent to %s: %s", alert.kind,
+                         mask(url), problem)
+        results.append((mask(url), problem))
     return results
 
 
@@ -160,15 +163,22 @@ def _warn_missing() -> None:
                  "pip install 'ipycloud[notify]'")
 
 
-_sending = threading.local()  # .active while this thread sends an alert
+_sending = threading.local()  # .heard: Apprise's warnings while this thread sends, or None
 
 
 class _OnlyWarningsWhileSending(logging.Filter):
-    """Drops the debug and info lines (whole URLs, request paths) that Apprise and urllib3
-    log while an alert is sent; lines logged by anything else pass."""
+    """While an alert is sent: drops the debug and info lines (whole URLs, request paths)
+    that Apprise and urllib3 log, and notes the warnings (why a send failed). Lines logged
+    by anything else pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or not getattr(_sending, "active", False)
+        heard = getattr(_sending, "heard", None)
+        if heard is None:
+            return True
+        if record.levelno < logging.WARNING:
+            return False
+        heard.append(record.getMessage())
+        return True
 
 
 _QUIET = _OnlyWarningsWhileSending()
