@@ -121,8 +121,6 @@ def test_notify_test_sends_to_each_url_and_says_which_failed(
         f"test alert NOT sent to json://127.0.0.1:{closed}/…: A Connection error occurred "
         "sending JSON notification to 127.0.0.1.")
     assert [message["title"] for message in alert_receiver.messages] == ["ipycloud: test alert"]
-    assert (f"the test alert was not sent to json://127.0.0.1:{closed}/…: A Connection error "
-            "occurred") in caplog.text
     assert SECRET not in caplog.text
 
 

@@ -57,5 +57,5 @@ def send_test() -> list[tuple[str, str | None]]:
     from ipycloud.runtime._optional import require
 
     require("apprise", "notify")
-    return send_now(Alert("test", "ipycloud: test alert",
-                          "Alerts from ipycloud reach you here."))
+    return send_now(Alert("test", "ipycloud: test alert", "Alerts from ipycloud reach you here."),
+                    log_failures=False)

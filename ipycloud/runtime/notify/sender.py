@@ -119,9 +119,10 @@ class Notifier:
                 self._queue.task_done()
 
 
-def send_now(alert: Alert) -> list[tuple[str, str | None]]:
+def send_now(alert: Alert, log_failures: bool = True) -> list[tuple[str, str | None]]:
     """Send ``alert`` to every configured URL now, on this thread; for each, the URL masked
-    and None when it was sent, else why not (Apprise's warning, logged too)."""
+    and None when it was sent, else why not (Apprise's warning, logged too unless
+    ``log_failures`` is False: the caller says it)."""
     apprise = _apprise()
     if apprise is None:
         return []
@@ -136,7 +137,7 @@ def send_now(alert: Alert) -> list[tuple[str, str | None]]:
         finally:
             heard, _sending.heard = _sending.heard, None
         problem = None if sent else scrub(heard[0] if heard else "Apprise gave no reason", [url])
-        if problem is not None:
+        if problem is not None and log_failures:
             _log.warning("ipycloud: the %s alert was not sent to %s: %s", alert.kind,
                          mask(url), problem)
         results.append((mask(url), problem))
