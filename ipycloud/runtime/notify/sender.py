@@ -178,7 +178,8 @@ class _OnlyWarningsWhileSending(logging.Filter):
             return True
         if record.levelno < logging.WARNING:
             return False
-        heard.append(record.getMessage())
+        if record.name == "apprise":  # its warnings name the service and host, no secret
+            heard.append(record.getMessage())
         return True
 
 

@@ -271,8 +271,8 @@ class _Trainer:
     def release(self) -> None:
         """Give the machine back after a run that ended well (``fit(release=True)``)."""
         if self.dist is not None:
-            keep_machine("inside launch, the notebook's process releases the machine, not a "
-                         "rank")
+            if self.main:
+                keep_machine("it does not apply inside launch, whose ranks share the machine")
         elif self.saver is not None:
             release_when_safe(self.saver)
 
