@@ -38,6 +38,7 @@ from ipycloud.runtime.monitor.webpage import (
 from ipycloud.runtime.per_process import reset_process_state
 
 MIB = 2**20
+JSON_TYPE = "application/json"
 READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks"}
 
 
@@ -105,6 +106,52 @@ def test_a_request_without_the_token_is_refused(page_server: PageServer, path: s
         assert (status, content_type) == (403, "application/json"), attempt
         assert json.loads(body) == {"message": "the token is missing or not this dashboard's"}
     assert get(page_server, "/api/reading", {"Authorization": f"token {token}"})[0] == 200
+
+
+def request(server: PageServer, method: str, path: str) -> http.client.HTTPResponse:
+    """The answer to one request (its body read) on a connection of its own."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection.request(method, path, body=b'{"x": 1}' if method in {"POST", "PUT"} else None)
+    response = connection.getresponse()
+    response.body = response.read()  # type: ignore[attr-defined]
+    connection.close()
+    return response
+
+
+@pytest.mark.parametrize("path", ["/", "/api/history?since=1e12"])
+def test_head_is_answered_as_get_without_a_body(page_server: PageServer, path: str) -> None:
+    authorised = f"{path}{'&' if '?' in path else '?'}token={page_server.token}"
+    connection = http.client.HTTPConnection("127.0.0.1", page_server.port, timeout=10)
+    connection.request("HEAD", authorised)
+    head = connection.getresponse()
+    head.read()  # nothing, whatever the server sent
+    connection.request("GET", authorised)  # on the same connection: no body was left on it
+    got = connection.getresponse()
+    body = got.read()
+    connection.close()
+    assert (head.status, got.status) == (200, 200)
+    assert head.getheader("Content-Type") == got.getheader("Content-Type")
+    assert int(head.getheader("Content-Length") or -1) == len(body)
+    refused = request(page_server, "HEAD", path)
+    assert (refused.status, refused.body) == (403, b"")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "BREW"])
+def test_other_methods_are_a_json_405_with_allow(page_server: PageServer, method: str) -> None:
+    answer = request(page_server, method, f"/api/reading?token={page_server.token}")
+    assert (answer.status, answer.getheader("Allow")) == (405, "GET, HEAD")
+    assert answer.getheader("Content-Type") == "application/json"
+    assert json.loads(answer.body) == {  # type: ignore[attr-defined]
+        "message": f"{method} is not allowed: the dashboard page answers GET, HEAD"}
+
+
+def test_a_malformed_request_is_answered_in_json(page_server: PageServer) -> None:
+    with socket.create_connection(("127.0.0.1", page_server.port), timeout=10) as client:
+        client.sendall(b"GET / HTTP/1.1 HTTP/1.1\r\n\r\n")  # one word too many
+        response = http.client.HTTPResponse(client)
+        response.begin()
+        assert response.status == 400 and response.getheader("Content-Type") == JSON_TYPE
+        assert json.loads(response.read())["message"].startswith("Bad request syntax")
 
 
 def test_reading_and_history_come_from_the_shared_sampler(board: Any, local_home: Path) -> None:
