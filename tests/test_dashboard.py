@@ -32,6 +32,7 @@ from ipycloud.runtime.monitor.textview import text_view
 from ipycloud.runtime.monitor.usage import shared_tracker
 from ipycloud.runtime.monitor.usage_report import UsageReport
 from ipycloud.widgets.dashboard import Dashboard
+from ipycloud.widgets.rows import TEXT_WIDTH
 from ipycloud.widgets.sparkline import HEIGHT, WIDTH, Trace, sparkline_svg
 
 GIB = 2**30
@@ -120,7 +121,7 @@ def test_the_panel_follows_the_sampler(sampler) -> None:
     wait_for(lambda: dashboard.ram_bar.value == 75.0)
     assert dashboard.rows["ram"].texts[0].value == "75% · 12.0 GiB of 16.0 GiB"
     assert dashboard.rows["ram"].detail.value == ("host RAM 16.0 GiB, this kernel 1.0 GiB, "
-                                                  "swap 0 B of 2.0 GiB")
+                                                  "swap 0 MiB of 2048 MiB")
     assert list(dashboard.rows) == ["cpu", "ram", "disk:working"]
 
 
@@ -197,6 +198,29 @@ def test_only_changed_traits_are_set_on_an_idle_machine(sampler) -> None:
 )
 def test_warning_levels(percent: float | None, expected: str) -> None:
     assert level(percent) == expected
+
+
+EM_PER_CHARACTER = 0.6  # above the mean advance of digits and letters in UI sans fonts
+
+
+def test_the_longest_ram_text_fits_the_column_and_none_is_cut() -> None:
+    """RAM full at the largest limit of each unit (just under 4 GiB: MiB; just under 4 TiB:
+    GiB; 16 TiB) gives the longest texts the column must hold; a longer one (a disk's)
+    widens its row instead of being cut."""
+    texts = []
+    for limit in (4 * GIB - 2**20, 4096 * GIB - 2**27, 16 * 1024 * GIB):
+        full = Sample(time=0.0, cpu_percent=100.0, ram_used=limit, ram_limit=limit,
+                      ram_available=0, swap_used=0, swap_total=0, process_rss=limit)
+        (ram,) = [reading for reading in readings(full) if reading.key == "ram"]
+        texts.append(ram.gauges[0].text)
+    longest = max(texts, key=len)
+    assert longest == "100% · 4095.9 GiB of 4095.9 GiB"
+    assert float(TEXT_WIDTH.removesuffix("em")) >= len(longest) * EM_PER_CHARACTER
+    dashboard = Dashboard(Sampler(probe=ScriptedProbe()), interval=0.1, history=5)
+    for row in dashboard.rows.values():
+        for text in row.texts:
+            assert text.layout.min_width == TEXT_WIDTH and text.layout.width is None
+            assert text.layout.flex == "0 0 auto"  # never shrunk by a long detail beside it
 
 
 def test_bars_turn_amber_and_red_near_memory_and_disk_limits_only(sampler) -> None:

@@ -16,7 +16,9 @@ from ipycloud.widgets.sparkline import WIDTH
 LABEL_WIDTH = "7.5em"
 BAR_WIDTH = "16em"
 SPARKLINE_WIDTH = f"{WIDTH + 12}px"
-TEXT_WIDTH = "14em"
+# Holds the longest RAM text, "100% · 4095.9 GiB of 4095.9 GiB", so the columns line up; a
+# longer text (a disk's) widens its own row rather than being cut.
+TEXT_WIDTH = "19em"
 
 
 def set_changed(widget: Any, **values: Any) -> None:
@@ -37,7 +39,7 @@ class RowWidgets:
                                            style={"description_width": "4em"},
                                            layout=_fixed(BAR_WIDTH))
                      for gauge in reading.gauges]
-        self.texts = [widgets.Label(layout=_fixed(TEXT_WIDTH))
+        self.texts = [widgets.Label(layout=widgets.Layout(min_width=TEXT_WIDTH, flex="0 0 auto"))
                       for _ in reading.gauges]
         self.sparkline = widgets.HTML(layout=_fixed(SPARKLINE_WIDTH)) if reading.traced else None
         self.detail = widgets.Label()
