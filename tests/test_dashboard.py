@@ -58,8 +58,8 @@ class ScriptedProbe:
             return Sample(time=time.time(), cpu_percent=cpu, ram_used=self.ram_used + wobble,
                           ram_limit=16 * GIB, ram_available=16 * GIB - self.ram_used,
                           swap_used=0, swap_total=2 * GIB, process_rss=GIB + wobble,
-                          disks=(DiskSample("working", "/work", 100 * GIB, self.disk_used,
-                                            100 * GIB - self.disk_used),),
+                          disks=(DiskSample(("working",), ("/work",), 100 * GIB,
+                                            self.disk_used, 100 * GIB - self.disk_used),),
                           gpus=self.gpus)
 
     def wait_for_readings(self, count: int) -> None:
@@ -330,8 +330,9 @@ def test_the_magic_shows_a_live_panel_records_cells_and_stops(magic_shell) -> No
     assert isinstance(dashboard, Dashboard) and dashboard.active
     bundle = magic_shell.display_formatter.format(dashboard)[0]
     assert bundle[WIDGET_VIEW]["model_id"] == dashboard.widget.model_id
-    assert bundle["text/plain"] == ("<Dashboard live, every 0.1 s, rows cpu, ram, disk:working, "
-                                    "disk:persistent>")
+    # the persistent folder (the home) has a row of its own only on another file system
+    assert bundle["text/plain"].startswith("<Dashboard live, every 0.1 s, rows cpu, ram, "
+                                           "disk:working")
     assert len(seen_values(lambda: dashboard.rows["cpu"].sparkline.value, 3)) == 3
     magic_shell.run_cell("x = sum(range(10**6))", store_history=True)
     table = magic_shell.run_line_magic("dashboard", "cells")

@@ -166,12 +166,14 @@ def test_reading_and_history_come_from_the_shared_sampler(board: Any, local_home
         "index": 0, "name": "Tesla T4", "uuid": None, "utilization_percent": 0.0,
         "memory_used": 3 * MIB, "memory_total": 15360 * MIB, "temperature_c": 43.0,
         "power_w": 9.321, "power_limit_w": 70.0, "mig": []}]
-    # a kernel's own sampler reads no platform, core count, throttling or RAM peak
-    assert reading["platform"] == {"name": None, "session_left_s": None}
+    # the platform as the server names it; a kernel's own sampler reads no session time,
+    # core count, throttling, RAM peak, or the Jupyter server's memory
+    assert reading["platform"] == {"name": "Local machine", "session_left_s": None}
     assert reading["cpu"]["cores"] is None and reading["cpu"]["throttled_percent"] is None
     assert 0.0 <= reading["cpu"]["percent"] <= 100.0
     assert reading["ram"]["peak"] is None and 0 < reading["ram"]["used"] <= reading["ram"]["limit"]
-    assert reading["disks"][0]["name"] == "working"
+    assert reading["ram"]["server_rss"] is None and reading["ram"]["kernels_rss"] is None
+    assert reading["disks"][0]["roles"][0] == "working"
 
     everything = get_json(server, "history")
     assert everything["interval_s"] == 0.1

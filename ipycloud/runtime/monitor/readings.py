@@ -107,11 +107,8 @@ def _gpu(gpu: GpuSample) -> Reading:
 
 
 def _disk(disk: DiskSample) -> Reading:
-    percent = disk.used / disk.total * 100 if disk.total else None
-    return Reading(f"disk:{disk.role}", f"disk {disk.role}",
-                   (Gauge("used", percent, _of(disk.used, disk.total), True),),
-                   disk.path, traced=False)
-
-
-def _of(used: int, total: int) -> str:
-    return f"{format_bytes(used)} of {format_bytes(total)}"
+    """df's figures: the bar is its Use%, the words what can still be written."""
+    return Reading(f"disk:{disk.name}", f"disk {disk.name}",
+                   (Gauge("used", disk.percent,
+                          format_of(disk.available, disk.total, "free of"), True),),
+                   ", ".join(disk.paths), traced=False)
