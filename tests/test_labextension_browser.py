@@ -138,6 +138,29 @@ def test_notebook_7_shows_the_gpus_and_ram(notebook_7: Lab) -> None:
             raise
 
 
+def test_the_settings_editor_names_the_status_bar_figures(jupyter_lab: Lab) -> None:
+    """JupyterLab 4's settings form shows no title for a multi-select list: the figures are
+    a list of labelled choices under its title."""
+    with browser_page(height=1200) as page:
+        try:
+            page.goto(jupyter_lab.url("lab"))
+            page.locator("#ipycloud-status").wait_for(timeout=60_000)
+            page.keyboard.press("Control+,")
+            page.get_by_text("ipycloud resources", exact=True).first.click()
+            field = page.locator(".field-array").filter(
+                has=page.locator('[id$="plugin_statusBar-title"]'))
+            field.wait_for(timeout=20_000)
+            assert field.locator("legend").first.inner_text() == "Status bar figures"
+            choices = field.locator("select").first.locator("option").all_inner_texts()
+            assert [choice for choice in choices if choice] == [
+                "GPU utilisation (% busy, per GPU)", "GPU memory (used of total, per GPU)",
+                "RAM (used of the container's limit)", "CPU (% of the usable cores)"]
+            field.screenshot(path=str(ARTIFACTS / "labextension-settings.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "labextension-settings-failure.png"))
+            raise
+
+
 @pytest.mark.parametrize(("settings", "refused"), [
     ({"refreshInterval": 0.001}, "refreshInterval"),
     ({"refreshInterval": 86400}, "refreshInterval"),
