@@ -218,9 +218,10 @@ def test_the_longest_ram_text_fits_the_column_and_none_is_cut() -> None:
     assert float(TEXT_WIDTH.removesuffix("em")) >= len(longest) * EM_PER_CHARACTER
     dashboard = Dashboard(Sampler(probe=ScriptedProbe()), interval=0.1, history=5)
     for row in dashboard.rows.values():
-        for text in row.texts:
-            assert text.layout.min_width == TEXT_WIDTH and text.layout.width is None
+        for text in [row.label, *row.texts]:  # at least their column's width, or wider
+            assert text.layout.min_width is not None and text.layout.width is None
             assert text.layout.flex == "0 0 auto"  # never shrunk by a long detail beside it
+        assert [text.layout.min_width for text in row.texts] == [TEXT_WIDTH] * len(row.texts)
 
 
 def test_bars_turn_amber_and_red_near_memory_and_disk_limits_only(sampler) -> None:
