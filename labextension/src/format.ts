@@ -29,13 +29,13 @@ export function unitFor(total: number): IUnit {
 }
 
 /** `256`, `12.7`: the number of `unit`s, whole up to MiB, to one decimal from GiB. */
-function figure(bytes: number, unit: IUnit): string {
+export function amountIn(bytes: number, unit: IUnit): string {
   return (bytes / unit.bytes).toFixed(unit.bytes >= GIB ? 1 : 0);
 }
 
 /** `256 MiB`, `12.7 GiB`: bytes in `unit`. */
 export function formatIn(bytes: number, unit: IUnit): string {
-  return `${figure(bytes, unit)} ${unit.name}`;
+  return `${amountIn(bytes, unit)} ${unit.name}`;
 }
 
 /** `12.7 GiB`, `512 MiB`, `n/a` for a missing figure. */
@@ -52,7 +52,7 @@ export function formatBytes(bytes: number | null): string {
 /** `5.2/12.7 GiB`, `256/1024 MiB`: a used size against its total, in the total's unit. */
 export function formatUsage(used: number, total: number): string {
   const unit = unitFor(total);
-  return `${figure(used, unit)}/${figure(total, unit)} ${unit.name}`;
+  return `${amountIn(used, unit)}/${amountIn(total, unit)} ${unit.name}`;
 }
 
 /** `256 MiB of 1024 MiB`, `45.0 GiB free of 100.0 GiB`: both in the total's unit. */

@@ -4,6 +4,7 @@
 import type { IReading } from './api';
 import { element, setText } from './dom';
 import {
+  amountIn,
   formatBytes,
   formatIn,
   formatPercent,
@@ -65,7 +66,7 @@ export class MachineRows {
     }
     const unit = unitFor(limit);
     this.jupyter.update(
-      `server ${formatIn(server_rss, unit)} · kernels ${formatIn(kernels_rss ?? 0, unit)}`,
+      `server ${amountIn(server_rss, unit)} · kernels ${formatIn(kernels_rss ?? 0, unit)}`,
       samples.map(({ ram }) =>
         ram.server_rss === null ? null : share(ram.server_rss + (ram.kernels_rss ?? 0), ram.limit)
       ),
