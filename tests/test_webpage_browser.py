@@ -70,6 +70,8 @@ def test_the_page_stays_live_while_a_cell_runs_and_says_when_the_kernel_is_gone(
             frame.get_by_text("GPU 0 · Tesla T4").wait_for()
             # the platform the kernel detected, and each disk by what can still be written
             assert frame.locator(".ipycloud-Page-platform").inner_text() == "Local machine"
+            assert frame.locator('[data-ipycloud-metric="ram"]').is_visible()
+            assert not frame.locator('[data-ipycloud-metric="jupyter"]').is_visible()  # no server
             disk = frame.locator('[data-ipycloud-metric^="disk-"] .ipycloud-Metric-value').first
             assert re.fullmatch(r"[\d.]+ (MiB|GiB|TiB) free of [\d.]+ \1 \(\d+% used\)",
                                 disk.inner_text())
