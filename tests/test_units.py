@@ -35,7 +35,8 @@ def test_what_is_no_size(text: str) -> None:
     (45 * GIB, 100 * GIB, "free of", "45.0 GiB free of 100.0 GiB"),
     (TIB, 8 * TIB, "of", "1.0 TiB of 8.0 TiB"),
     (500, 2000, "of", "500 B of 2000 B"),
+    (None, 16 * GIB, "of", "n/a of 16.0 GiB"),
 ])
 def test_a_pair_of_sizes_is_written_in_the_unit_of_its_total(
-        part: int, total: int, relation: str, text: str) -> None:
+        part: int | None, total: int, relation: str, text: str) -> None:
     assert format_of(part, total, relation) == text

@@ -42,10 +42,12 @@ def format_in(value: float, unit: tuple[str, int]) -> str:
     return f"{value / size:.{digits}f} {name}"
 
 
-def format_of(part: float, total: float, relation: str = "of") -> str:
-    """``256 MiB of 1024 MiB``, ``45.0 GiB free of 100.0 GiB``: both in ``total``'s unit."""
+def format_of(part: float | None, total: float, relation: str = "of") -> str:
+    """``256 MiB of 1024 MiB``, ``45.0 GiB free of 100.0 GiB``: both in ``total``'s unit;
+    an unknown ``part`` as n/a."""
     unit = size_unit(total)
-    return f"{format_in(part, unit)} {relation} {format_in(total, unit)}"
+    known = NA if part is None else format_in(part, unit)
+    return f"{known} {relation} {format_in(total, unit)}"
 
 
 def format_percent(value: float | None) -> str:
