@@ -27,7 +27,7 @@ from figures import percentile, write_results
 
 from ipycloud.runtime.machine import nvml
 from ipycloud.runtime.machine.cgroup import read_cgroup_limits
-from ipycloud.runtime.monitor.probe import Probe, _memory
+from ipycloud.runtime.monitor.probe import Probe, _memory, disks_of
 from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
 
@@ -95,7 +95,7 @@ def parts() -> dict[str, float]:
         "ram_and_swap": _memory,
         "psutil_virtual_and_swap_memory (replaced by ram_and_swap)":
             lambda: (psutil.virtual_memory(), psutil.swap_memory()),
-        "disk_usage": lambda: psutil.disk_usage(working),
+        "disks": lambda: disks_of((("working", working),)),
         "process_rss": process.memory_info,
         "gpus_nvml": nvml.GpuReader().read,
     }

@@ -24,7 +24,7 @@ def scripted_probe() -> Sample:
     """A reading with made-up figures, at the time it is taken."""
     return Sample(time=time.time(), cpu_percent=25.0, ram_used=4 * GIB, ram_limit=16 * GIB,
                   ram_available=12 * GIB, swap_used=0, swap_total=0, process_rss=GIB,
-                  disks=(DiskSample("working", "/work", 100 * GIB, 10 * GIB, 90 * GIB),))
+                  disks=(DiskSample(("working",), ("/work",), 100 * GIB, 10 * GIB, 90 * GIB),))
 
 
 class PageProcess:

@@ -32,6 +32,7 @@ from ipycloud.runtime.monitor.textview import text_view
 from ipycloud.runtime.monitor.usage import shared_tracker
 from ipycloud.runtime.monitor.usage_report import UsageReport
 from ipycloud.widgets.dashboard import Dashboard
+from ipycloud.widgets.rows import TEXT_WIDTH
 from ipycloud.widgets.sparkline import HEIGHT, WIDTH, Trace, sparkline_svg
 
 GIB = 2**30
@@ -57,8 +58,8 @@ class ScriptedProbe:
             return Sample(time=time.time(), cpu_percent=cpu, ram_used=self.ram_used + wobble,
                           ram_limit=16 * GIB, ram_available=16 * GIB - self.ram_used,
                           swap_used=0, swap_total=2 * GIB, process_rss=GIB + wobble,
-                          disks=(DiskSample("working", "/work", 100 * GIB, self.disk_used,
-                                            100 * GIB - self.disk_used),),
+                          disks=(DiskSample(("working",), ("/work",), 100 * GIB,
+                                            self.disk_used, 100 * GIB - self.disk_used),),
                           gpus=self.gpus)
 
     def wait_for_readings(self, count: int) -> None:
@@ -120,7 +121,7 @@ def test_the_panel_follows_the_sampler(sampler) -> None:
     wait_for(lambda: dashboard.ram_bar.value == 75.0)
     assert dashboard.rows["ram"].texts[0].value == "75% · 12.0 GiB of 16.0 GiB"
     assert dashboard.rows["ram"].detail.value == ("host RAM 16.0 GiB, this kernel 1.0 GiB, "
-                                                  "swap 0 B of 2.0 GiB")
+                                                  "swap 0 MiB of 2048 MiB")
     assert list(dashboard.rows) == ["cpu", "ram", "disk:working"]
 
 
@@ -197,6 +198,30 @@ def test_only_changed_traits_are_set_on_an_idle_machine(sampler) -> None:
 )
 def test_warning_levels(percent: float | None, expected: str) -> None:
     assert level(percent) == expected
+
+
+EM_PER_CHARACTER = 0.6  # above the mean advance of digits and letters in UI sans fonts
+
+
+def test_the_longest_ram_text_fits_the_column_and_none_is_cut() -> None:
+    """RAM full at the largest limit of each unit (just under 4 GiB: MiB; just under 4 TiB:
+    GiB; 16 TiB) gives the longest texts the column must hold; a longer one (a disk's)
+    widens its row instead of being cut."""
+    texts = []
+    for limit in (4 * GIB - 2**20, 4096 * GIB - 2**27, 16 * 1024 * GIB):
+        full = Sample(time=0.0, cpu_percent=100.0, ram_used=limit, ram_limit=limit,
+                      ram_available=0, swap_used=0, swap_total=0, process_rss=limit)
+        (ram,) = [reading for reading in readings(full) if reading.key == "ram"]
+        texts.append(ram.gauges[0].text)
+    longest = max(texts, key=len)
+    assert longest == "100% · 4095.9 GiB of 4095.9 GiB"
+    assert float(TEXT_WIDTH.removesuffix("em")) >= len(longest) * EM_PER_CHARACTER
+    dashboard = Dashboard(Sampler(probe=ScriptedProbe()), interval=0.1, history=5)
+    for row in dashboard.rows.values():
+        for text in [row.label, *row.texts]:  # at least their column's width, or wider
+            assert text.layout.min_width is not None and text.layout.width is None
+            assert text.layout.flex == "0 0 auto"  # never shrunk by a long detail beside it
+        assert [text.layout.min_width for text in row.texts] == [TEXT_WIDTH] * len(row.texts)
 
 
 def test_bars_turn_amber_and_red_near_memory_and_disk_limits_only(sampler) -> None:
@@ -306,8 +331,9 @@ def test_the_magic_shows_a_live_panel_records_cells_and_stops(magic_shell) -> No
     assert isinstance(dashboard, Dashboard) and dashboard.active
     bundle = magic_shell.display_formatter.format(dashboard)[0]
     assert bundle[WIDGET_VIEW]["model_id"] == dashboard.widget.model_id
-    assert bundle["text/plain"] == ("<Dashboard live, every 0.1 s, rows cpu, ram, disk:working, "
-                                    "disk:persistent>")
+    # the persistent folder (the home) has a row of its own only on another file system
+    assert bundle["text/plain"].startswith("<Dashboard live, every 0.1 s, rows cpu, ram, "
+                                           "disk:working")
     assert len(seen_values(lambda: dashboard.rows["cpu"].sparkline.value, 3)) == 3
     magic_shell.run_cell("x = sum(range(10**6))", store_history=True)
     table = magic_shell.run_line_magic("dashboard", "cells")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import urllib.error
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ NOTEBOOK = "train.ipynb"
 MIB = 2**20
 RAM_LIMIT = 1024 * MIB
 KERNEL_GPU_MIB = 2048
+RAM_TEXT = "RAM 256/1024 MiB"  # the status bar under the container below
 CGROUP_FILES = {  # a 1 GiB, one-core container
     "memory.max": f"{RAM_LIMIT}\n", "memory.current": f"{300 * MIB}\n",
     "memory.stat": f"inactive_file {44 * MIB}\n", "memory.peak": f"{400 * MIB}\n",
@@ -93,7 +95,8 @@ def test_jupyterlab_shows_gpus_kernels_and_an_out_of_memory_death(jupyter_lab: L
             status = page.locator("#ipycloud-status")
             for index in ("0", "1"):
                 status.locator(f'[data-ipycloud-gpu="{index}"]').wait_for(timeout=20_000)
-            assert "GiB" in status.locator('[data-ipycloud-part="ram"]').inner_text()
+            # 256 MiB used (memory.current less inactive_file) under a 1 GiB limit
+            assert status.locator('[data-ipycloud-part="ram"]').inner_text() == RAM_TEXT
             page.locator("#jp-main-statusbar").screenshot(
                 path=str(ARTIFACTS / "labextension-statusbar.png"))
 
@@ -109,6 +112,7 @@ def test_jupyterlab_shows_gpus_kernels_and_an_out_of_memory_death(jupyter_lab: L
             row = panel.locator(f'[data-ipycloud-kernel-path="{NOTEBOOK}"]')
             wait_for(lambda: "2.0 GiB" in row.inner_text(), 20,
                      "the notebook's GPU memory in the kernels table")
+            check_machine_rows(panel)
             panel.screenshot(path=str(ARTIFACTS / "labextension-panel.png"))
             page.screenshot(path=str(ARTIFACTS / "labextension-jupyterlab.png"))
 
@@ -124,6 +128,29 @@ def test_jupyterlab_shows_gpus_kernels_and_an_out_of_memory_death(jupyter_lab: L
             raise
 
 
+def check_machine_rows(panel: Any) -> None:
+    """RAM in the limit's unit, the Jupyter server's and its kernel's memory, and a row
+    per file system saying what can still be written."""
+    ram = panel.locator('[data-ipycloud-metric="ram"] .ipycloud-Metric-value')
+    assert ram.inner_text() == "256/1024 MiB (25%)"
+    jupyter = panel.locator('[data-ipycloud-metric="jupyter"]')
+    figures = re.fullmatch(r"server (\d+) · kernels (\d+) MiB",
+                           jupyter.locator(".ipycloud-Metric-value").inner_text())
+    assert figures is not None and int(figures[1]) > 20 and int(figures[2]) > 20
+    disks = panel.locator("[data-ipycloud-disk]")
+    devices = []
+    for index in range(disks.count()):
+        disk = disks.nth(index)
+        text = disk.locator(".ipycloud-Metric-value").inner_text()
+        assert re.fullmatch(r"[\d.]+ (MiB|GiB|TiB) free of [\d.]+ \1", text), text
+        folders = dict(line.split(": ", 1) for line in
+                       (disk.get_attribute("title") or "").splitlines())
+        assert list(folders) == disk.get_attribute("data-ipycloud-disk").split(", ")
+        (device,) = {os.stat(folder).st_dev for folder in folders.values()}  # one each
+        devices.append(device)
+    assert devices and len(set(devices)) == len(devices)
+
+
 def test_notebook_7_shows_the_gpus_and_ram(notebook_7: Lab) -> None:
     with browser_page() as page:
         try:
@@ -131,10 +158,33 @@ def test_notebook_7_shows_the_gpus_and_ram(notebook_7: Lab) -> None:
             status = page.locator("#ipycloud-status")
             for index in ("0", "1"):
                 status.locator(f'[data-ipycloud-gpu="{index}"]').wait_for(timeout=60_000)
-            assert "GiB" in status.locator('[data-ipycloud-part="ram"]').inner_text()
+            assert status.locator('[data-ipycloud-part="ram"]').inner_text() == RAM_TEXT
             page.screenshot(path=str(ARTIFACTS / "labextension-notebook7.png"))
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "labextension-notebook7-failure.png"))
+            raise
+
+
+def test_the_settings_editor_names_the_status_bar_figures(jupyter_lab: Lab) -> None:
+    """JupyterLab 4's settings form shows no title for a multi-select list: the figures are
+    a list of labelled choices under its title."""
+    with browser_page(height=1200) as page:
+        try:
+            page.goto(jupyter_lab.url("lab"))
+            page.locator("#ipycloud-status").wait_for(timeout=60_000)
+            page.keyboard.press("Control+,")
+            page.get_by_text("ipycloud resources", exact=True).first.click()
+            field = page.locator(".field-array").filter(
+                has=page.locator('[id$="plugin_statusBar-title"]'))
+            field.wait_for(timeout=20_000)
+            assert field.locator("legend").first.inner_text() == "Status bar figures"
+            choices = field.locator("select").first.locator("option").all_inner_texts()
+            assert [choice for choice in choices if choice] == [
+                "GPU utilisation (% busy, per GPU)", "GPU memory (used of total, per GPU)",
+                "RAM (used of the container's limit)", "CPU (% of the usable cores)"]
+            field.screenshot(path=str(ARTIFACTS / "labextension-settings.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "labextension-settings-failure.png"))
             raise
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,16 @@ def test_colab_summary_names_its_signal_limits_and_missing_drive(tmp_path: Path)
     assert summary["Disk (persistent)"] == "/content/drive/MyDrive: not present"
     assert "free of 12.0 GiB" in summary["RAM"] and "container limit 12.0 GiB" in summary["RAM"]
     assert summary["CPU"].endswith(", 2 usable")
+
+
+def test_a_small_container_and_disk_read_in_mib(tmp_path: Path) -> None:
+    snapshot = dataclasses.replace(
+        take_snapshot(), disks=(DiskInfo("scratch", "/tmp", 2 * GIB, 512 * 2**20),),
+        host=probe_host(CgroupLimits(2, GIB, 256 * 2**20, 1.0)))
+    summary = dict(EnvironmentReport(snapshot).summary())
+    assert re.fullmatch(r"\d+ MiB free of 1024 MiB \(host .*, container limit 1.0 GiB\)",
+                        summary["RAM"])
+    assert summary["Disk (scratch)"] == "/tmp: 512 MiB free of 2048 MiB"
 
 
 def test_binder_has_no_persistent_folder(tmp_path: Path) -> None:

@@ -20,8 +20,10 @@ import pytest
 from cgroup_files import make_v1, make_v2, write
 from waiting import wait_for
 
+from ipycloud.runtime.monitor import payloads
 from ipycloud.runtime.monitor import probe as probe_module
-from ipycloud.runtime.monitor.probe import Probe, take_sample
+from ipycloud.runtime.monitor.probe import Probe, disks_of, take_sample
+from ipycloud.runtime.monitor.readings import readings
 from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import GpuSample, Sample
 
@@ -284,10 +286,49 @@ def test_take_sample_reads_this_machine(tmp_path: Path) -> None:
     assert 0 < sample.ram_used < sample.ram_limit
     assert 0 < sample.ram_available <= sample.ram_limit
     assert sample.process_rss == pytest.approx(psutil.Process().memory_info().rss, rel=0.5)
-    assert sample.disks[0].role == "working" and sample.disks[0].path == os.getcwd()
+    assert sample.disks[0].roles[0] == "working" and sample.disks[0].paths[0] == os.getcwd()
     only_working = Probe(working=str(tmp_path), persistent=str(tmp_path / "not-mounted")).read()
-    assert [(disk.role, disk.path) for disk in only_working.disks] == [("working", str(tmp_path))]
-    assert only_working.disks[0].free > 0
+    assert [(disk.roles, disk.paths) for disk in only_working.disks] == [
+        (("working",), (str(tmp_path),))]
+    assert only_working.disks[0].available > 0
+
+
+def test_disks_are_what_df_shows_one_entry_per_file_system(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 100 GiB file system with 50 GiB free blocks, 5 GiB of them kept for root: df shows
+    50 GiB used, 45 GiB available, Use% 53 (of the 95 GiB a user may fill)."""
+    home, scratch = tmp_path / "my 'home' \"dir\"", tmp_path / "scratch, too"
+    home.mkdir()
+    scratch.mkdir()
+    real_statvfs = os.statvfs
+    frame = 4096  # f_frsize; f_bsize differs, as on many file systems
+
+    def statvfs(path: str) -> os.statvfs_result:
+        if path not in (str(home), str(scratch)):
+            return real_statvfs(path)
+        return os.statvfs_result((2**20, frame, 100 * GIB // frame, 50 * GIB // frame,
+                                  45 * GIB // frame, 1000, 500, 500, 0, 255))
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    disks = disks_of((("home", str(home)), ("persistent", "/proc"), ("scratch", str(scratch)),
+                      ("working", str(home)), ("drive", str(tmp_path / "not mounted")),
+                      ("unknown", None)))
+    shared, proc = disks  # home and scratch share a device; /proc is a file system apart
+    assert (shared.roles, shared.paths) == (("home", "scratch"), (str(home), str(scratch)))
+    assert (shared.total, shared.used, shared.available) == (100 * GIB, 50 * GIB, 45 * GIB)
+    assert proc.roles == ("persistent",)
+
+    sample = Sample(time=0.0, cpu_percent=0.0, ram_used=GIB, ram_limit=2 * GIB,
+                    ram_available=GIB, swap_used=0, swap_total=0, process_rss=MIB,
+                    disks=(shared,))
+    row = readings(sample)[-1]
+    assert (row.key, row.label, row.detail) == ("disk:home, scratch", "disk home, scratch",
+                                                f"{home}, {scratch}")
+    assert row.gauges[0].text == "53% · 45.0 GiB free of 100.0 GiB"
+    assert row.gauges[0].level == ""  # 53% of what can be filled
+    assert payloads.reading(sample, 1.0)["disks"] == [{
+        "name": "home, scratch", "roles": ["home", "scratch"], "paths": [str(home), str(scratch)],
+        "used": 50 * GIB, "available": 45 * GIB, "total": 100 * GIB}]
 
 
 def test_cpu_percent_sees_a_busy_thread() -> None:

@@ -7,8 +7,10 @@ import asyncio
 import json
 import math
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+import psutil
 import pytest
 from jupyter_server.auth import Authorizer
 from server_fixtures import *  # noqa: F403
@@ -16,6 +18,9 @@ from server_fixtures import INTERVAL, MIB, RAM_LIMIT, Api, cgroup_file
 from traitlets import TraitError
 
 from ipycloud.runtime.machine import nvml
+from ipycloud.runtime.monitor import payloads
+from ipycloud.runtime.monitor.host import HostSample
+from ipycloud.runtime.monitor.processes import ProcessTree
 from ipycloud.server.handlers import AUTH_RESOURCE
 from ipycloud.server.monitor import ServerMonitor
 from ipycloud.server.settings import IpycloudServer
@@ -52,11 +57,30 @@ def test_reading_of_a_t4_in_a_one_core_container(api: Api, jp_home_dir: Path) ->
     assert reading["ram"]["used"] == 256 * MIB  # memory.current less inactive page cache
     assert reading["ram"]["peak"] == 400 * MIB
     assert {"swap_used", "swap_total"} <= set(reading["ram"])
-    roles = {disk["name"]: disk for disk in reading["disks"]}
-    assert roles["home"]["path"] == str(jp_home_dir)
-    assert "persistent" not in roles  # a local machine's persistent folder is the home
-    assert 0 < roles["scratch"]["used"] <= roles["scratch"]["total"]
+    folders = {role: path for disk in reading["disks"]
+               for role, path in zip(disk["roles"], disk["paths"], strict=True)}
+    assert folders["home"] == str(jp_home_dir)
+    assert "persistent" not in folders  # a local machine's persistent folder is the home
+    for disk in reading["disks"]:
+        assert disk["name"] == ", ".join(disk["roles"])
+        assert disk["used"] > 0 and 0 < disk["available"] <= disk["total"] - disk["used"]
     assert reading["platform"] == {"name": "Local machine", "session_left_s": None}
+    # the server runs in this process, and has no kernel
+    assert reading["ram"]["server_rss"] == pytest.approx(
+        psutil.Process().memory_info().rss, rel=0.5)
+    assert reading["ram"]["kernels_rss"] == 0
+
+
+def test_the_kernels_memory_is_the_sum_of_their_live_trees() -> None:
+    trees = {"train": ProcessTree(11, True, (11, 12), 700 * MIB, 5.0),
+             "eval": ProcessTree(21, True, (21,), 300 * MIB, None),
+             "new": ProcessTree(31, True, (31,), None, None),  # not measured yet
+             "ended": ProcessTree(41, False, (), None, None)}
+    sample = HostSample(time=0.0, cpu_percent=0.0, ram_used=2048 * MIB,
+                        ram_limit=4096 * MIB, ram_available=2048 * MIB, swap_used=0,
+                        swap_total=0, process_rss=150 * MIB, watched=MappingProxyType(trees))
+    ram = payloads.reading(sample, 1.0)["ram"]
+    assert (ram["server_rss"], ram["kernels_rss"]) == (150 * MIB, 1000 * MIB)
 
 
 @pytest.mark.parametrize("board_name", ["2xA100-MIG"])

@@ -214,8 +214,8 @@ def test_the_host_probe_adds_what_a_shared_view_needs(
     assert sample.cpu_throttled_percent == 25.0  # 5 of the 20 periods since the probe began
     assert sample.platform == "Kaggle"
     assert sample.session_left_s is not None and 11 * 3600 - 60 < sample.session_left_s <= 39600
-    assert (sample.disks[0].role, sample.disks[0].path) == ("home", str(tmp_path))
-    assert "scratch" in {disk.role for disk in sample.disks}
+    assert (sample.disks[0].roles[0], sample.disks[0].paths[0]) == ("home", str(tmp_path))
+    assert "scratch" in {role for disk in sample.disks for role in disk.roles}
     assert sample.gpu_problem is None and sample.gpu_details[0].uuid.startswith("GPU-6b3c")
     me = sample.watched["me"]
     assert me.alive and me.gpu_memory == (GpuShare(0, 100 * MIB),)

@@ -121,7 +121,7 @@ def test_kernel_deaths_are_events_with_their_reason(api: Api, system_root: Path)
         "reason": "out of memory", "out_of_memory": True,
         "ram_limit": RAM_LIMIT, "ram_peak": 900 * MIB,
         "message": "the kernel of train.ipynb was killed: out of memory "
-                   "(limit 1.0 GiB, peak 900.0 MiB)"}
+                   "(limit 1024 MiB, peak 900 MiB)"}  # in one unit
 
     # 2. A SIGKILL while RAM is far from its limit and the counters stand still.
     second = measured(api, kernel_id, other_than=first)["pid"]

@@ -1,10 +1,13 @@
-"""Quantities read from people: sizes with or without a unit."""
+"""Quantities read from people (sizes with or without a unit) and written for them (a size
+against its total, in one unit)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ipycloud.runtime.units import parse_size
+from ipycloud.runtime.units import format_of, parse_size
+
+MIB, GIB, TIB = 2**20, 2**30, 2**40
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -21,3 +24,19 @@ def test_what_is_no_size(text: str) -> None:
     with pytest.raises(ValueError, match="is not a size") as err:
         parse_size(text)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("part", "total", "relation", "text"), [
+    (256 * MIB, GIB, "of", "256 MiB of 1024 MiB"),  # a 1 GiB container: not "0.2 of 1.0 GiB"
+    (0, 2 * GIB, "of", "0 MiB of 2048 MiB"),
+    (100 * MIB, int(3.9 * GIB), "of", "100 MiB of 3994 MiB"),
+    (int(3.2 * GIB), 16 * GIB, "of", "3.2 GiB of 16.0 GiB"),
+    (20 * MIB, 4 * GIB, "of", "0.0 GiB of 4.0 GiB"),
+    (45 * GIB, 100 * GIB, "free of", "45.0 GiB free of 100.0 GiB"),
+    (TIB, 8 * TIB, "of", "1.0 TiB of 8.0 TiB"),
+    (500, 2000, "of", "500 B of 2000 B"),
+    (None, 16 * GIB, "of", "n/a of 16.0 GiB"),
+])
+def test_a_pair_of_sizes_is_written_in_the_unit_of_its_total(
+        part: int | None, total: int, relation: str, text: str) -> None:
+    assert format_of(part, total, relation) == text

@@ -38,6 +38,7 @@ from ipycloud.runtime.monitor.webpage import (
 from ipycloud.runtime.per_process import reset_process_state
 
 MIB = 2**20
+JSON_TYPE = "application/json"
 READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks"}
 
 
@@ -107,6 +108,52 @@ def test_a_request_without_the_token_is_refused(page_server: PageServer, path: s
     assert get(page_server, "/api/reading", {"Authorization": f"token {token}"})[0] == 200
 
 
+def request(server: PageServer, method: str, path: str) -> http.client.HTTPResponse:
+    """The answer to one request (its body read) on a connection of its own."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection.request(method, path, body=b'{"x": 1}' if method in {"POST", "PUT"} else None)
+    response = connection.getresponse()
+    response.body = response.read()  # type: ignore[attr-defined]
+    connection.close()
+    return response
+
+
+@pytest.mark.parametrize("path", ["/", "/api/history?since=1e12"])
+def test_head_is_answered_as_get_without_a_body(page_server: PageServer, path: str) -> None:
+    authorised = f"{path}{'&' if '?' in path else '?'}token={page_server.token}"
+    connection = http.client.HTTPConnection("127.0.0.1", page_server.port, timeout=10)
+    connection.request("HEAD", authorised)
+    head = connection.getresponse()
+    head.read()  # nothing, whatever the server sent
+    connection.request("GET", authorised)  # on the same connection: no body was left on it
+    got = connection.getresponse()
+    body = got.read()
+    connection.close()
+    assert (head.status, got.status) == (200, 200)
+    assert head.getheader("Content-Type") == got.getheader("Content-Type")
+    assert int(head.getheader("Content-Length") or -1) == len(body)
+    refused = request(page_server, "HEAD", path)
+    assert (refused.status, refused.body) == (403, b"")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "BREW"])
+def test_other_methods_are_a_json_405_with_allow(page_server: PageServer, method: str) -> None:
+    answer = request(page_server, method, f"/api/reading?token={page_server.token}")
+    assert (answer.status, answer.getheader("Allow")) == (405, "GET, HEAD")
+    assert answer.getheader("Content-Type") == "application/json"
+    assert json.loads(answer.body) == {  # type: ignore[attr-defined]
+        "message": f"{method} is not allowed: the dashboard page answers GET, HEAD"}
+
+
+def test_a_malformed_request_is_answered_in_json(page_server: PageServer) -> None:
+    with socket.create_connection(("127.0.0.1", page_server.port), timeout=10) as client:
+        client.sendall(b"GET / HTTP/1.1 HTTP/1.1\r\n\r\n")  # one word too many
+        response = http.client.HTTPResponse(client)
+        response.begin()
+        assert response.status == 400 and response.getheader("Content-Type") == JSON_TYPE
+        assert json.loads(response.read())["message"].startswith("Bad request syntax")
+
+
 def test_reading_and_history_come_from_the_shared_sampler(board: Any, local_home: Path) -> None:
     board("1xT4")
     server = serve_page(interval=0.1)
@@ -119,12 +166,14 @@ def test_reading_and_history_come_from_the_shared_sampler(board: Any, local_home
         "index": 0, "name": "Tesla T4", "uuid": None, "utilization_percent": 0.0,
         "memory_used": 3 * MIB, "memory_total": 15360 * MIB, "temperature_c": 43.0,
         "power_w": 9.321, "power_limit_w": 70.0, "mig": []}]
-    # a kernel's own sampler reads no platform, core count, throttling or RAM peak
-    assert reading["platform"] == {"name": None, "session_left_s": None}
+    # the platform as the server names it; a kernel's own sampler reads no session time,
+    # core count, throttling, RAM peak, or the Jupyter server's memory
+    assert reading["platform"] == {"name": "Local machine", "session_left_s": None}
     assert reading["cpu"]["cores"] is None and reading["cpu"]["throttled_percent"] is None
     assert 0.0 <= reading["cpu"]["percent"] <= 100.0
     assert reading["ram"]["peak"] is None and 0 < reading["ram"]["used"] <= reading["ram"]["limit"]
-    assert reading["disks"][0]["name"] == "working"
+    assert reading["ram"]["server_rss"] is None and reading["ram"]["kernels_rss"] is None
+    assert reading["disks"][0]["roles"][0] == "working"
 
     everything = get_json(server, "history")
     assert everything["interval_s"] == 0.1

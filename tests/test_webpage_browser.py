@@ -5,6 +5,7 @@ sleeps in a cell, refuses requests without its token, and says "kernel gone" onc
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.error
 import urllib.request
@@ -67,6 +68,13 @@ def test_the_page_stays_live_while_a_cell_runs_and_says_when_the_kernel_is_gone(
             body = frame.locator("body")
             frame.locator("[data-ipycloud-status='live']").wait_for(timeout=20_000)
             frame.get_by_text("GPU 0 · Tesla T4").wait_for()
+            # the platform the kernel detected, and each disk by what can still be written
+            assert frame.locator(".ipycloud-Page-platform").inner_text() == "Local machine"
+            assert frame.locator('[data-ipycloud-metric="ram"]').is_visible()
+            assert not frame.locator('[data-ipycloud-metric="jupyter"]').is_visible()  # no server
+            disk = frame.locator('[data-ipycloud-metric^="disk-"] .ipycloud-Metric-value').first
+            assert re.fullmatch(r"[\d.]+ (MiB|GiB|TiB) free of [\d.]+ \1 \(\d+% used\)",
+                                disk.inner_text())
 
             sent = time.monotonic()
             client.execute(f"import time; time.sleep({SLEEP_S})")

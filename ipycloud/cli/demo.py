@@ -51,14 +51,14 @@ def run_demo(say: Say = print) -> int:
 def _usage_line() -> str:
     """What the background sampler saw during the runs, as %dashboard report totals it."""
     from ipycloud.runtime.monitor.usage import usage_report
-    from ipycloud.runtime.units import format_bytes, format_duration
+    from ipycloud.runtime.units import format_duration, format_of
 
     usage = usage_report().to_dict()
     gpus = f", {usage['gpu_hours']:.3f} GPU-hours" if usage["gpu_count"] else ""
     return (f"- meanwhile the background sampler took {usage['samples']} readings over "
             f"{format_duration(usage['duration_s'])}: CPU {usage['cpu_average_percent']:.0f}% "
             f"on average, {usage['cpu_peak_percent']:.0f}% at peak; RAM at most "
-            f"{format_bytes(usage['ram_peak'])} of {format_bytes(usage['ram_limit'])}{gpus}")
+            f"{format_of(usage['ram_peak'], usage['ram_limit'])}{gpus}")
 
 
 def _train_kill_resume(folder: Path, say: Say) -> bool:

@@ -1,10 +1,17 @@
-"""Quantities as people read them: bytes in binary units, durations in hours and minutes."""
+"""Quantities as people read them: bytes in binary units, durations in hours and minutes.
+
+A pair of sizes (used of a limit, free of a disk) is shown in one unit, chosen for the larger
+one (``size_unit``), as the lab extension's ``format.ts`` does: ``256 MiB of 1024 MiB`` under
+a 1 GiB limit, where GiB with one decimal would read ``0.2 GiB of 1.0 GiB``.
+"""
 
 from __future__ import annotations
 
 import re
 
 NA = "n/a"
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+PAIR_UNIT_MIN = 4  # a pair is shown in the largest unit of which its total holds this many
 
 
 def format_bytes(value: float | None) -> str:
@@ -16,6 +23,31 @@ def format_bytes(value: float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def size_unit(total: float) -> tuple[str, int]:
+    """The unit, and its size in bytes, in which a pair of sizes up to ``total`` is shown:
+    the largest binary unit of which ``total`` holds at least PAIR_UNIT_MIN (MiB below 4
+    GiB, GiB from 4 GiB to 4 TiB)."""
+    power = 0
+    while power < len(_UNITS) - 1 and abs(total) >= PAIR_UNIT_MIN * 1024 ** (power + 1):
+        power += 1
+    return _UNITS[power], 1024 ** power
+
+
+def format_in(value: float, unit: tuple[str, int]) -> str:
+    """Bytes in ``unit`` (from ``size_unit``): whole up to MiB, one decimal from GiB."""
+    name, size = unit
+    digits = 1 if size >= 1024 ** 3 else 0
+    return f"{value / size:.{digits}f} {name}"
+
+
+def format_of(part: float | None, total: float, relation: str = "of") -> str:
+    """``256 MiB of 1024 MiB``, ``45.0 GiB free of 100.0 GiB``: both in ``total``'s unit;
+    an unknown ``part`` as n/a."""
+    unit = size_unit(total)
+    known = NA if part is None else format_in(part, unit)
+    return f"{known} {relation} {format_in(total, unit)}"
 
 
 def format_percent(value: float | None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ipycloud.runtime.monitor.deaths import Death, signal_name
 from ipycloud.runtime.monitor.payloads import Json
 from ipycloud.runtime.monitor.processes import ProcessTree
-from ipycloud.runtime.units import format_bytes
+from ipycloud.runtime.units import format_in, size_unit
 
 
 def kernel(kernel_id: str, name: str | None, execution_state: str | None,
@@ -35,10 +35,13 @@ def kernel(kernel_id: str, name: str | None, execution_state: str | None,
 
 def death_message(who: str, death: Death, returncode: int | None) -> str:
     """The event's line: ``the kernel of train.ipynb was killed: out of memory (limit 12.7
-    GiB, peak 12.6 GiB)``; ``who`` names the kernel (``the kernel of train.ipynb``)."""
+    GiB, peak 12.6 GiB)``, the limit and the peak in one unit (``limit 1024 MiB, peak
+    900 MiB``); ``who`` names the kernel (``the kernel of train.ipynb``)."""
     if death.out_of_memory:
-        figures = [f"{label} {format_bytes(value)}" for label, value in
-                   (("limit", death.ram_limit), ("peak", death.ram_peak)) if value is not None]
+        known = [(label, value) for label, value in
+                 (("limit", death.ram_limit), ("peak", death.ram_peak)) if value is not None]
+        unit = size_unit(max((value for _, value in known), default=0))
+        figures = [f"{label} {format_in(value, unit)}" for label, value in known]
         return f"{who} was killed: out of memory" + (f" ({', '.join(figures)})" if figures
                                                      else "")
     if returncode is None:

@@ -16,7 +16,9 @@ from ipycloud.widgets.sparkline import WIDTH
 LABEL_WIDTH = "7.5em"
 BAR_WIDTH = "16em"
 SPARKLINE_WIDTH = f"{WIDTH + 12}px"
-TEXT_WIDTH = "14em"
+# Holds the longest RAM text, "100% · 4095.9 GiB of 4095.9 GiB", so the columns line up; a
+# longer label or text (a disk's) widens its own row rather than being cut.
+TEXT_WIDTH = "19em"
 
 
 def set_changed(widget: Any, **values: Any) -> None:
@@ -32,13 +34,12 @@ class RowWidgets:
     """The label, one bar and text per gauge, the detail and the sparkline of one reading."""
 
     def __init__(self, reading: Reading) -> None:
-        self.label = widgets.Label(reading.label, layout=_fixed(LABEL_WIDTH))
+        self.label = widgets.Label(reading.label, layout=_at_least(LABEL_WIDTH))
         self.bars = [widgets.FloatProgress(min=0.0, max=100.0, description=gauge.name,
                                            style={"description_width": "4em"},
                                            layout=_fixed(BAR_WIDTH))
                      for gauge in reading.gauges]
-        self.texts = [widgets.Label(layout=_fixed(TEXT_WIDTH))
-                      for _ in reading.gauges]
+        self.texts = [widgets.Label(layout=_at_least(TEXT_WIDTH)) for _ in reading.gauges]
         self.sparkline = widgets.HTML(layout=_fixed(SPARKLINE_WIDTH)) if reading.traced else None
         self.detail = widgets.Label()
         parts: list[Any] = [self.label]
@@ -62,3 +63,8 @@ class RowWidgets:
 def _fixed(width: str) -> Any:
     """A layout of this width that a long detail beside it does not squeeze."""
     return widgets.Layout(width=width, flex="0 0 auto")
+
+
+def _at_least(width: str) -> Any:
+    """A layout of at least this width, wider for a longer text, never squeezed."""
+    return widgets.Layout(min_width=width, flex="0 0 auto")

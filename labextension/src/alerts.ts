@@ -5,7 +5,7 @@
 import { Notification } from '@jupyterlab/apputils';
 
 import { IEvent, IReading } from './api';
-import { formatBytes, formatPercent, share } from './format';
+import { formatOf, formatPercent, share } from './format';
 import { IOptions } from './settings';
 
 /** Points a share must fall below its threshold before a new crossing is notified. */
@@ -24,10 +24,10 @@ export class Alerts {
     this._check('ram', share(ram.used, ram.limit), options.ramWarningPercent, percent =>
       ram.limited
         ? `RAM at ${formatPercent(percent)} of the container's limit ` +
-          `(${formatBytes(ram.used)} of ${formatBytes(ram.limit)}): ` +
+          `(${formatOf(ram.used, ram.limit)}): ` +
           'a kernel that needs more is killed'
         : `RAM at ${formatPercent(percent)} of the machine's ` +
-          `(${formatBytes(ram.used)} of ${formatBytes(ram.limit)})`
+          `(${formatOf(ram.used, ram.limit)})`
     );
     for (const gpu of reading.gpus) {
       this._check(
@@ -36,7 +36,7 @@ export class Alerts {
         options.gpuMemoryWarningPercent,
         percent =>
           `GPU ${gpu.index} memory at ${formatPercent(percent)} ` +
-          `(${formatBytes(gpu.memory_used)} of ${formatBytes(gpu.memory_total)})`
+          `(${formatOf(gpu.memory_used, gpu.memory_total)})`
       );
     }
   }

@@ -26,10 +26,16 @@ export interface IGpuReading {
   mig: IMigInstance[];
 }
 
+/** One file system, with `df`'s figures; folders on it share the entry, one role each. */
 export interface IDiskReading {
+  /** The roles joined: `home, scratch`. */
   name: string;
-  path: string;
+  roles: string[];
+  /** The folder of each role, in the same order. */
+  paths: string[];
   used: number;
+  /** What a user can still write: df's "Avail". */
+  available: number;
   total: number;
 }
 
@@ -47,6 +53,10 @@ export interface IReading {
     peak: number | null;
     swap_used: number;
     swap_total: number;
+    /** The Jupyter server's own resident memory; `null` on a kernel's own page. */
+    server_rss: number | null;
+    /** The resident memory of the server's kernels' process trees; `null` likewise. */
+    kernels_rss: number | null;
   };
   disks: IDiskReading[];
 }

@@ -2,7 +2,41 @@
  * Figures in words: sizes, percentages, durations, and how close a share is to its limit.
  */
 
+import type { IDiskReading } from './api';
+
 const GIB = 1024 ** 3;
+const UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+
+/**
+ * A pair of sizes is shown in the largest unit of which its total holds this many, as
+ * ipycloud/runtime/units.py does: MiB below 4 GiB, GiB from 4 GiB to 4 TiB.
+ */
+const PAIR_UNIT_MIN = 4;
+
+/** A unit to write sizes in. */
+export interface IUnit {
+  name: string;
+  bytes: number;
+}
+
+/** The unit in which sizes up to `total` are shown together. */
+export function unitFor(total: number): IUnit {
+  let power = 0;
+  while (power < UNITS.length - 1 && Math.abs(total) >= PAIR_UNIT_MIN * 1024 ** (power + 1)) {
+    power += 1;
+  }
+  return { name: UNITS[power], bytes: 1024 ** power };
+}
+
+/** `256`, `12.7`: the number of `unit`s, whole up to MiB, to one decimal from GiB. */
+export function amountIn(bytes: number, unit: IUnit): string {
+  return (bytes / unit.bytes).toFixed(unit.bytes >= GIB ? 1 : 0);
+}
+
+/** `256 MiB`, `12.7 GiB`: bytes in `unit`. */
+export function formatIn(bytes: number, unit: IUnit): string {
+  return `${amountIn(bytes, unit)} ${unit.name}`;
+}
 
 /** `12.7 GiB`, `512 MiB`, `n/a` for a missing figure. */
 export function formatBytes(bytes: number | null): string {
@@ -15,12 +49,26 @@ export function formatBytes(bytes: number | null): string {
   return `${Math.round(bytes / 1024 ** 2)} MiB`;
 }
 
-/** `5.2/12.7 GiB`: a used size against its total, in the total's unit. */
+/** `5.2/12.7 GiB`, `256/1024 MiB`: a used size against its total, in the total's unit. */
 export function formatUsage(used: number, total: number): string {
-  if (total >= GIB) {
-    return `${(used / GIB).toFixed(1)}/${(total / GIB).toFixed(1)} GiB`;
-  }
-  return `${Math.round(used / 1024 ** 2)}/${Math.round(total / 1024 ** 2)} MiB`;
+  const unit = unitFor(total);
+  return `${amountIn(used, unit)}/${amountIn(total, unit)} ${unit.name}`;
+}
+
+/** `256 MiB of 1024 MiB`, `45.0 GiB free of 100.0 GiB`: both in the total's unit. */
+export function formatOf(part: number, total: number, relation = 'of'): string {
+  const unit = unitFor(total);
+  return `${formatIn(part, unit)} ${relation} ${formatIn(total, unit)}`;
+}
+
+/** How full a disk is as `df`'s "Use%" counts it: used of used and available together. */
+export function diskShare(disk: IDiskReading): number | null {
+  return share(disk.used, disk.used + disk.available);
+}
+
+/** Each role of a disk with its folder, one a line: `home: /root`. */
+export function diskFolders(disk: IDiskReading): string {
+  return disk.roles.map((role, i) => `${role}: ${disk.paths[i]}`).join('\n');
 }
 
 /** `37%`, `n/a` for a missing figure. */

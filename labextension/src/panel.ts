@@ -7,7 +7,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IEvent, IKernel, IReading } from './api';
 import { element, setText } from './dom';
-import { formatDuration, formatUsage, share } from './format';
+import { diskFolders, diskShare, formatDuration, formatOf } from './format';
 import { GpuCard } from './gpucard';
 import { KernelsTable } from './kernels';
 import { MachineRows } from './machine';
@@ -161,14 +161,17 @@ export class ResourcePanel extends Widget {
     this._disksShown = key;
     this._disks.replaceChildren(
       ...reading.disks.map(disk => {
-        const percent = share(disk.used, disk.total);
         const bar = element('span', { class: 'ipycloud-Meter-fill' });
-        bar.style.width = `${Math.min(100, percent ?? 0)}%`;
+        bar.style.width = `${Math.min(100, diskShare(disk) ?? 0)}%`;
         return element(
           'div',
-          { class: 'ipycloud-Disk', 'data-ipycloud-disk': disk.name, title: disk.path },
+          { class: 'ipycloud-Disk', 'data-ipycloud-disk': disk.name, title: diskFolders(disk) },
           element('span', { class: 'ipycloud-Metric-label' }, disk.name),
-          element('span', { class: 'ipycloud-Metric-value' }, formatUsage(disk.used, disk.total)),
+          element(
+            'span',
+            { class: 'ipycloud-Metric-value' },
+            formatOf(disk.available, disk.total, 'free of')
+          ),
           element('span', { class: 'ipycloud-Meter' }, bar)
         );
       })

@@ -7,14 +7,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IGpuReading, IReading } from './api';
 import { element, setAttribute } from './dom';
-import {
-  formatBytes,
-  formatPercent,
-  formatUsage,
-  level,
-  Level,
-  share
-} from './format';
+import { formatOf, formatPercent, formatUsage, level, Level, share } from './format';
 import { Connection, ResourceMonitor } from './monitor';
 import { IOptions } from './settings';
 
@@ -174,14 +167,14 @@ function tooltip(reading: IReading): string {
   const lines = reading.gpus.map(
     gpu =>
       `GPU ${gpu.index} (${gpu.name}): ${formatPercent(gpu.utilization_percent)} busy, ` +
-      `${formatBytes(gpu.memory_used)} of ${formatBytes(gpu.memory_total)}`
+      formatOf(gpu.memory_used, gpu.memory_total)
   );
   if (reading.gpu_problem) {
     lines.push(`GPU: ${reading.gpu_problem}`);
   }
   const ram = reading.ram;
   lines.push(
-    `RAM: ${formatBytes(ram.used)} of ${formatBytes(ram.limit)} ` +
+    `RAM: ${formatOf(ram.used, ram.limit)} ` +
       (ram.limited ? "(the container's limit)" : "(the machine's RAM)")
   );
   lines.push(`CPU: ${formatPercent(reading.cpu.percent)} of ${reading.cpu.cores} cores`);

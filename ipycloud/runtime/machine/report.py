@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from ipycloud.runtime.machine.nvml import GpuInfo
 from ipycloud.runtime.machine.snapshot import Snapshot, take_snapshot
 from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
-from ipycloud.runtime.units import NA, format_bytes, format_duration, format_percent
+from ipycloud.runtime.units import NA, format_bytes, format_duration, format_of, format_percent
 
 
 def _value(value: object, unit: str = "") -> str:
@@ -78,15 +78,16 @@ class EnvironmentReport:
             ("Scratch folder", str(platform.scratch_dir)),
             ("CPU", f"{host.cpu_model or NA}: {_value(host.cpu_logical)} logical, "
                     f"{_value(host.cpu_physical)} physical, {_cores(host.cpu_usable)} usable"),
-            ("RAM", f"{format_bytes(host.memory_free)} free of {format_bytes(host.memory_usable)}"
+            ("RAM", f"{format_of(host.memory_free, host.memory_usable, 'free of')}"
                     f" (host {format_bytes(host.memory_total)}, container limit "
                     f"{format_bytes(host.memory_limit) if host.memory_limit else 'none'})"),
-            ("Swap", f"{format_bytes(host.swap_used)} used of {format_bytes(host.swap_total)}"
+            ("Swap", format_of(host.swap_used, host.swap_total, "used of")
                      if host.swap_total else "none"),
         ]
         rows += [(f"Disk ({disk.role})", f"{disk.path}: " + (
-            f"{format_bytes(disk.free)} free of {format_bytes(disk.total)}"
-            if disk.total is not None else "not present")) for disk in snap.disks]
+            format_of(disk.free, disk.total, "free of")
+            if disk.total is not None and disk.free is not None else "not present"))
+            for disk in snap.disks]
         rows += [
             ("NVIDIA driver", f"{_value(snap.gpus.driver_version)} "
                               f"(CUDA {_value(snap.gpus.cuda_driver_version)})"),

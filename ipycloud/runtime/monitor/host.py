@@ -32,7 +32,6 @@ from ipycloud.runtime.monitor.samples import Sample
 class HostSample(Sample):
     """A Sample with the figures a shared monitor adds; None where the machine gives none."""
 
-    platform: str | None = None  # the platform's name, e.g. "Kaggle"
     session_left_s: float | None = None  # until the platform's session limit; None: no limit
     cpu_cores: float | None = None  # usable cores: the cgroup quota, else the CPUs allowed
     cpu_throttled_percent: float | None = None  # periods throttled since the last reading
@@ -63,7 +62,7 @@ class HostProbe:
                          ("persistent", None if persistent is None else str(persistent)),
                          ("scratch", str(self.platform.scratch_dir)))
         self._probe = Probe(base, clock, working=self._folders[0][1],
-                            persistent=self._folders[1][1])
+                            persistent=self._folders[1][1], platform=self.platform)
         self._counters = read_cgroup_counters(base)
         # The peak is the cgroup's: it goes with RAM figures that are the cgroup's too.
         self._peak_applies = limits.memory_limit is not None
@@ -92,7 +91,6 @@ class HostProbe:
             return HostSample(**{
                 **probed,
                 "disks": disks_of(self._folders),
-                "platform": self.platform.name,
                 "session_left_s": self._session_left(sample.time),
                 "cpu_cores": self.cores,
                 "cpu_throttled_percent": throttled,

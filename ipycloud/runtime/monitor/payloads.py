@@ -4,8 +4,9 @@ readings; the Jupyter server extension and the kernel's dashboard page both answ
 
 Sizes are bytes, times Unix seconds, percentages 0-100; a figure the machine cannot give is
 None (null), never left out. A plain Sample (the kernel's own sampler) has none of the
-figures a HostSample adds: they read null (platform, cores, throttling, RAM peak, GPU UUIDs)
-or empty (MIG instances).
+figures a HostSample (the Jupyter server's) adds: they read null (session time, cores,
+throttling, RAM peak, the server's and its kernels' memory, GPU UUIDs) or empty (MIG
+instances).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _SAMPLE_FIELDS = tuple(field.name for field in fields(Sample))
 def reading(sample: Sample, interval: float) -> Json:
     """The body of ``reading``, and each entry of ``history``; ``interval`` is the seconds
     between the readings the route's sampler takes."""
+    served = isinstance(sample, HostSample)  # read by the Jupyter server, in its process
     host = sample if isinstance(sample, HostSample) else _as_host(sample)
     details = {detail.cuda_index: detail for detail in host.gpu_details}
     return {
@@ -40,8 +42,11 @@ def reading(sample: Sample, interval: float) -> Json:
                 "throttled_percent": host.cpu_throttled_percent},
         "ram": {"used": host.ram_used, "limit": host.ram_limit,
                 "limited": host.ram_limited, "peak": host.ram_peak,
-                "swap_used": host.swap_used, "swap_total": host.swap_total},
-        "disks": [{"name": disk.role, "path": disk.path, "used": disk.used, "total": disk.total}
+                "swap_used": host.swap_used, "swap_total": host.swap_total,
+                "server_rss": host.process_rss if served else None,
+                "kernels_rss": _kernels_rss(host) if served else None},
+        "disks": [{"name": disk.name, "roles": list(disk.roles), "paths": list(disk.paths),
+                   "used": disk.used, "available": disk.available, "total": disk.total}
                   for disk in host.disks],
     }
 
@@ -76,6 +81,12 @@ def parse_since(text: str | None) -> float | None:
 def _as_host(sample: Sample) -> HostSample:
     """A plain Sample as a HostSample whose added figures are unknown."""
     return HostSample(**{name: getattr(sample, name) for name in _SAMPLE_FIELDS})
+
+
+def _kernels_rss(host: HostSample) -> int:
+    """The resident memory of the process trees of the kernels the server watches."""
+    return sum(tree.rss for tree in host.watched.values()
+               if tree.alive and tree.rss is not None)
 
 
 def _gpu(gpu: GpuSample, detail: GpuDetail | None) -> Json:

@@ -27,7 +27,7 @@ from ipycloud.runtime.machine.cgroup import (
     read_cgroup,
 )
 from ipycloud.runtime.machine.nvml import GpuReader, LiveGpu
-from ipycloud.runtime.machine.platform import detect_platform
+from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.machine.snapshot import usable_cpus
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
@@ -111,19 +111,21 @@ class Probe:
     The cgroup limits are read once: a container's limits are fixed when it starts.
     ``working`` is the folder whose disk is the working one (default: the current folder
     at each reading), ``persistent`` the persistent one (default: the platform's; left out
-    while it does not exist).
+    while it does not exist). ``platform`` is the platform detected already, if any.
     """
 
     def __init__(self, root: str | os.PathLike[str] = "/",
                  clock: Callable[[], float] = time.monotonic, *,
-                 working: str | None = None, persistent: str | None = None) -> None:
+                 working: str | None = None, persistent: str | None = None,
+                 platform: Platform | None = None) -> None:
         base = Path(root)
         limits, usage = read_cgroup(base)
         self._memory_limit = limits.memory_limit
         self._memory = usage.memory if limits.memory_limit is not None else None
         self._cpu = _CpuMeter(limits, usage.cpu_time, clock)
+        self.platform = platform or detect_platform(root=base, limits=limits)
         if persistent is None:
-            found = detect_platform(root=base, limits=limits).persistent_dir
+            found = self.platform.persistent_dir
             persistent = None if found is None else str(found)
         self._working, self._persistent = working, persistent
         self._process = psutil.Process()
@@ -152,6 +154,7 @@ class Probe:
                               ("persistent", self._persistent))),
                 gpus=_with_torch(tuple(_gpu_sample(gpu) for gpu in self._gpus.read())),
                 ram_limited=memory.limited,
+                platform=self.platform.name,
             )
 
 
@@ -177,18 +180,34 @@ def _memory() -> tuple[int, int, int, int]:
 
 
 def disks_of(folders: tuple[tuple[str, str | None], ...]) -> tuple[DiskSample, ...]:
-    """The file system of each ``(role, folder)`` that exists, each folder once (the first
-    role wins)."""
-    disks: list[DiskSample] = []
+    """The file systems of the ``(role, folder)`` pairs whose folder exists, as ``df`` sees
+    them: folders on one file system (one device) share its entry, which names each role;
+    a folder given twice counts once, under its first role."""
+    found: dict[int, tuple[list[str], list[str], os.statvfs_result]] = {}
     for role, path in folders:
-        if path is None or any(disk.path == path for disk in disks):
+        if path is None:
             continue
         try:
-            usage = psutil.disk_usage(path)
+            device = os.stat(path).st_dev
+            if device not in found:
+                found[device] = ([], [], os.statvfs(path))
         except OSError:  # not there (yet: Drive is mounted later) or unreadable
             continue
-        disks.append(DiskSample(role, path, usage.total, usage.used, usage.free))
-    return tuple(disks)
+        roles, paths, _ = found[device]
+        if path not in paths:
+            roles.append(role)
+            paths.append(path)
+    return tuple(_disk(tuple(roles), tuple(paths), figures)
+                 for roles, paths, figures in found.values())
+
+
+def _disk(roles: tuple[str, ...], paths: tuple[str, ...],
+          figures: os.statvfs_result) -> DiskSample:
+    """A file system's figures as df computes them from statvfs."""
+    block = figures.f_frsize
+    return DiskSample(roles, paths, total=figures.f_blocks * block,
+                      used=(figures.f_blocks - figures.f_bfree) * block,
+                      available=figures.f_bavail * block)
 
 
 def torch_cuda() -> Any:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
-from ipycloud.runtime.units import format_bytes, format_percent
+from ipycloud.runtime.units import format_bytes, format_of, format_percent
 
 WARNING_AT = 80.0  # percent of a memory or disk limit
 DANGER_AT = 90.0
@@ -75,10 +75,12 @@ def readings(sample: Sample) -> list[Reading]:
     rows.append(Reading("cpu", "CPU", (Gauge("use", sample.cpu_percent, "", False),), "",
                         traced=True))
     limit = "container limit" if sample.ram_limited else "host RAM"
-    swap = (f", swap {_of(sample.swap_used, sample.swap_total)}" if sample.swap_total else "")
+    swap = (f", swap {format_of(sample.swap_used, sample.swap_total)}"
+            if sample.swap_total else "")
     rows.append(Reading(
         "ram", "RAM",
-        (Gauge("used", sample.ram_fraction * 100, _of(sample.ram_used, sample.ram_limit), True),),
+        (Gauge("used", sample.ram_fraction * 100, format_of(sample.ram_used, sample.ram_limit),
+               True),),
         f"{limit} {format_bytes(sample.ram_limit)}, this kernel "
         f"{format_bytes(sample.process_rss)}{swap}", traced=False))
     rows.extend(_disk(disk) for disk in sample.disks)
@@ -87,7 +89,8 @@ def readings(sample: Sample) -> list[Reading]:
 
 def _gpu(gpu: GpuSample) -> Reading:
     fraction = gpu.memory_fraction
-    memory = "" if fraction is None else _of(gpu.memory_used or 0, gpu.memory_total or 0)
+    memory = ("" if fraction is None else
+              format_of(gpu.memory_used or 0, gpu.memory_total or 0))
     details = [gpu.name]
     if gpu.temperature is not None:
         details.append(f"{gpu.temperature:.0f} °C")
@@ -104,11 +107,8 @@ def _gpu(gpu: GpuSample) -> Reading:
 
 
 def _disk(disk: DiskSample) -> Reading:
-    percent = disk.used / disk.total * 100 if disk.total else None
-    return Reading(f"disk:{disk.role}", f"disk {disk.role}",
-                   (Gauge("used", percent, _of(disk.used, disk.total), True),),
-                   disk.path, traced=False)
-
-
-def _of(used: int, total: int) -> str:
-    return f"{format_bytes(used)} of {format_bytes(total)}"
+    """df's figures: the bar is its Use%, the words what can still be written."""
+    return Reading(f"disk:{disk.name}", f"disk {disk.name}",
+                   (Gauge("used", disk.percent,
+                          format_of(disk.available, disk.total, "free of"), True),),
+                   ", ".join(disk.paths), traced=False)

@@ -34,13 +34,26 @@ class GpuSample:
 
 @dataclass(frozen=True, slots=True)
 class DiskSample:
-    """The file system holding one folder that matters (``working``, ``persistent``)."""
+    """One file system holding folders that matter (``working``, ``persistent``...), with
+    ``df``'s figures: its size, what is used, and what a user can still write."""
 
-    role: str
-    path: str
-    total: int
-    used: int
-    free: int
+    roles: tuple[str, ...]  # of the folders on it, e.g. ("home", "scratch")
+    paths: tuple[str, ...]  # the folder of each role, in the same order
+    total: int  # the file system's size (statvfs f_blocks)
+    used: int  # the size less the free blocks (f_bfree), as df counts "Used"
+    available: int  # what a user without privileges can still write (f_bavail): df's "Avail"
+
+    @property
+    def name(self) -> str:
+        """The roles as one name: ``home, scratch``."""
+        return ", ".join(self.roles)
+
+    @property
+    def percent(self) -> float | None:
+        """df's "Use%": used over what used and available add up to (blocks kept for root
+        left out), 0-100; None for an empty file system."""
+        usable = self.used + self.available
+        return self.used / usable * 100 if usable else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,7 @@ class Sample:
     disks: tuple[DiskSample, ...] = ()
     gpus: tuple[GpuSample, ...] = ()
     ram_limited: bool = False  # whether ram_limit is the container's cgroup limit
+    platform: str | None = None  # the detected platform's name, e.g. "Kaggle"
 
     @property
     def ram_fraction(self) -> float:

@@ -15,7 +15,7 @@ from typing import Any
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.monitor.prices import Cost
 from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
-from ipycloud.runtime.units import NA, format_bytes, format_duration, format_percent
+from ipycloud.runtime.units import NA, format_bytes, format_duration, format_of, format_percent
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def summary(report: UsageReport) -> list[tuple[str, str]]:
                       f"{'' if report.gpu_count == 1 else 's'})"),
         ("CPU", f"average {format_percent(report.cpu_average_percent)}, "
                 f"peak {format_percent(report.cpu_peak_percent)}"),
-        ("RAM", f"peak {format_bytes(report.ram_peak)} of {format_bytes(report.ram_limit)} "
+        ("RAM", f"peak {format_of(report.ram_peak, report.ram_limit)} "
                 f"({format_percent(report.ram_peak_percent)}), "
                 f"average {format_bytes(report.ram_average)}"),
         ("Instance", f"{cost.instance} ({report.cost_basis})" if cost else

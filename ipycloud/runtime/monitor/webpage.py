@@ -11,6 +11,9 @@ token <token>`` header; any other is answered 403. Its routes:
   the readings it keeps after T, as the Jupyter server extension's routes of the same names
   answer them (``ipycloud/server/README.md``).
 
+``HEAD`` is answered as ``GET`` without the body; any other method with a 405 and an
+``Allow`` header. Every error is the API's JSON, ``{"message": "<one line>"}``.
+
 Each connection is served on a thread of its own (``http_connections``) from what the
 sampler thread already read, so nothing waits for the kernel's main thread; the server holds
 a subscription on the sampler, at its interval, while it runs. A page keeps its connection
@@ -28,6 +31,7 @@ import secrets
 import threading
 import weakref
 from collections.abc import Callable
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any
@@ -55,6 +59,7 @@ _POLL_S = 0.5  # how often the serving thread looks for a stop request
 
 Answer = tuple[int, str, bytes]  # status, content type, body
 JSON = "application/json"
+ALLOWED_METHODS = "GET, HEAD"
 
 
 class PageServer:
@@ -203,6 +208,10 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "ipycloud"
     sys_version = ""
 
+    def do_HEAD(self) -> None:
+        """As GET, without the body (``_answer`` leaves it out)."""
+        self.do_GET()
+
     def do_GET(self) -> None:
         if self.server.ended:  # the server stopped while this request came in
             self.close_connection = True
@@ -223,10 +232,23 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as error:
             self._answer(_json(400, {"message": str(error)}))
 
+    def send_error(self, code: int, message: str | None = None,
+                   explain: str | None = None) -> None:
+        """The errors http.server finds itself (a malformed request, a method without a
+        ``do_`` method here) as the API's JSON; a method other than GET and HEAD is a 405.
+        The connection is closed after it: a request body may be left unread on it."""
+        self.close_connection = True
+        headers = {"Connection": "close"}
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # what http.server answers an unknown method
+            code, headers["Allow"] = HTTPStatus.METHOD_NOT_ALLOWED, ALLOWED_METHODS
+            message = (f"{self.command} is not allowed: the dashboard page answers "
+                       f"{ALLOWED_METHODS}")
+        self._answer(_json(code, {"message": message or HTTPStatus(code).phrase}), headers)
+
     def log_message(self, format: str, *args: Any) -> None:
         """Nothing: a kernel's stderr is the notebook's output."""
 
-    def _answer(self, answer: Answer) -> None:
+    def _answer(self, answer: Answer, headers: dict[str, str] | None = None) -> None:
         status, content_type, body = answer
         self.send_response(status)
         self.send_header("Content-Type", content_type)
@@ -234,8 +256,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         self.send_header("Referrer-Policy", "no-referrer")  # the address holds the token
         self.send_header("X-Content-Type-Options", "nosniff")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
 
 def _header_token(headers: Any) -> str | None:

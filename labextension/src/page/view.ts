@@ -4,7 +4,14 @@
  */
 import type { IReading } from '../api';
 import { element, setAttribute, setText } from '../dom';
-import { formatDuration, formatPercent, formatUsage, level, share } from '../format';
+import {
+  diskFolders,
+  diskShare,
+  formatDuration,
+  formatOf,
+  formatPercent,
+  level
+} from '../format';
 import { GpuCard } from '../gpucard';
 import { MachineRows } from '../machine';
 import { MetricRow } from '../metric';
@@ -112,14 +119,14 @@ export class DashboardPage {
       this._disks.replaceChildren(...[...this._diskRows.values()].map(row => row.node));
     }
     for (const disk of latest.disks) {
-      const percent = share(disk.used, disk.total);
+      const percent = diskShare(disk);
       const row = this._diskRows.get(disk.name);
-      row?.node.setAttribute('title', disk.path);
+      row?.node.setAttribute('title', diskFolders(disk));
       row?.update(
-        `${formatUsage(disk.used, disk.total)} (${formatPercent(percent)})`,
+        `${formatOf(disk.available, disk.total, 'free of')} (${formatPercent(percent)} used)`,
         samples.map(sample => {
           const then = sample.disks.find(each => each.name === disk.name);
-          return then ? share(then.used, then.total) : null;
+          return then ? diskShare(then) : null;
         }),
         100,
         level(percent, DISK_WARNING_PERCENT)
