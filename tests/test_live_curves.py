@@ -14,6 +14,7 @@ from terminal import terminal_ipython
 from torch import nn
 
 from ipycloud.notebook.curves import LiveCurves
+from ipycloud.runtime.train import followers
 from ipycloud.runtime.train.curves import Line, Smoother, TrainingCurves
 from ipycloud.runtime.train.followers import FINISHED, PAUSED, RunEnd, RunStart
 from ipycloud.runtime.train.loop import fit
@@ -123,15 +124,29 @@ def test_a_long_line_keeps_every_other_point_and_the_newest() -> None:
     assert [x for x, _ in line.drawn()] == [0, 4, 8, 9]
 
 
-def history_html() -> str:
+def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     torch.manual_seed(0)
     inputs = torch.randn(64, 4)
-    batches = [(inputs[index:index + 8], inputs[index:index + 8, :2].argmax(1))
-               for index in range(0, 64, 8)]
-    model = nn.Linear(4, 2)
-    history = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, epochs=2,
-                  val_data=batches[:2], device="cpu", progress=False, log_every=2)
+    return [(inputs[index:index + 8], inputs[index:index + 8, :2].argmax(1))
+            for index in range(0, 64, 8)]
+
+
+def history_html() -> str:
+    model, data = nn.Linear(4, 2), batches()
+    history = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=2,
+                  val_data=data[:2], device="cpu", progress=False, log_every=2)
     return history._repr_html_()
+
+
+def test_curves_are_asked_for_by_progress_true_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    starts: list[RunStart] = []
+    monkeypatch.setattr(followers, "_registered", [])
+    followers.register_follower(lambda start: starts.append(start))
+    for progress in (True, "bar", False):
+        model = nn.Linear(4, 2)
+        fit(model, torch.optim.SGD(model.parameters(), lr=0.1), batches(), device="cpu",
+            progress=progress)
+    assert [start.curves for start in starts] == [True, False, False]
 
 
 def test_the_history_html_view_draws_the_curves_above_its_table() -> None:
