@@ -10,7 +10,7 @@ they span at least a decade.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -40,16 +40,18 @@ class Axis:
     ticks: list[float]  # in data units
     log: bool = False
 
-    def position(self, value: float, start: float, end: float) -> float:
-        """The picture coordinate of ``value`` on a line from ``start`` to ``end``."""
-        share = ((math.log10(value) if self.log else value) - self.low) / (self.high - self.low)
-        return round(start + share * (end - start), 1)
+    def mapping(self, start: float, end: float) -> Callable[[float], float]:
+        """The picture coordinate of a value on a line from ``start`` to ``end``."""
+        scale, low = (end - start) / (self.high - self.low), self.low
+        if self.log:
+            return lambda value: start + (math.log10(value) - low) * scale
+        return lambda value: start + (value - low) * scale
 
 
 def line_chart(title: str, series: Sequence[Series], *, x_label: str = "step",
                log_y: bool | None = None, width: int = WIDTH, height: int = HEIGHT) -> str:
     """One chart of ``series`` against a shared x axis, as an ``<svg>`` element."""
-    finite = [(x, y) for line in series for x, y in line.points if _finite(x) and _finite(y)]
+    finite = [(x, y) for line in series for x, y in line.points if math.isfinite(x) and math.isfinite(y)]
     xs, ys = [x for x, _ in finite], [y for _, y in finite]
     right, bottom = width - RIGHT, height - BOTTOM
     parts = [f'<rect width="{width}" height="{height}" fill="#fff"/>',
@@ -143,24 +145,21 @@ def _wants_log(values: Sequence[float]) -> bool:
     return bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
 
 
-def _finite(value: float) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
-
-
 # -- drawing ------------------------------------------------------------------------------------
 
 
 def _grid(x_axis: Axis, y_axis: Axis, right: int, bottom: int) -> str:
+    x_of, y_of = x_axis.mapping(LEFT, right), y_axis.mapping(bottom, TOP)
     lines, x_labels, y_labels = [], [], []
     for tick in x_axis.ticks:
-        x = x_axis.position(tick, LEFT, right)
-        lines.append(f'<line x1="{x:g}" y1="{TOP}" x2="{x:g}" y2="{bottom}"/>')
-        x_labels.append(f'<text x="{x:g}" y="{bottom + 14}" text-anchor="middle">'
+        x = x_of(tick)
+        lines.append(f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{bottom}"/>')
+        x_labels.append(f'<text x="{x:.1f}" y="{bottom + 14}" text-anchor="middle">'
                         f'{tick_label(tick)}</text>')
     for tick in y_axis.ticks:
-        y = y_axis.position(tick, bottom, TOP)
-        lines.append(f'<line x1="{LEFT}" y1="{y:g}" x2="{right}" y2="{y:g}"/>')
-        y_labels.append(f'<text x="{LEFT - 5}" y="{y + 4:g}" text-anchor="end">'
+        y = y_of(tick)
+        lines.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}"/>')
+        y_labels.append(f'<text x="{LEFT - 5}" y="{y + 4:.1f}" text-anchor="end">'
                         f'{tick_label(tick)}</text>')
     return (f'<g class="grid" stroke="#e6e6e6">{"".join(lines)}</g>'
             f'<g class="x-ticks" fill="#555">{"".join(x_labels)}</g>'
@@ -178,20 +177,21 @@ def _frame(right: int, bottom: int, x_label: str, width: int, height: int) -> st
 def _line(line: Series, x_axis: Axis, y_axis: Axis, right: int, bottom: int) -> str:
     """The series as polylines (one per run of finite points) and dots: at its last finite
     point, at a point alone between non-finite ones, and at every point with ``markers``."""
+    x_of, y_of = x_axis.mapping(LEFT, right), y_axis.mapping(bottom, TOP)
     runs: list[list[tuple[float, float]]] = [[]]
     for x, y in line.points:
-        if _finite(x) and _finite(y):
-            runs[-1].append((x_axis.position(x, LEFT, right), y_axis.position(y, bottom, TOP)))
+        if math.isfinite(x) and math.isfinite(y):
+            runs[-1].append((x_of(x), y_of(y)))
         elif runs[-1]:
             runs.append([])
     style = (f'fill="none" stroke="{line.colour}" stroke-width="1.5" '
              f'stroke-opacity="{line.opacity:g}"')
-    shapes = [f'<polyline {style} points="{" ".join(f"{x:g},{y:g}" for x, y in run)}"/>'
+    shapes = [f'<polyline {style} points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in run)}"/>'
               for run in runs if len(run) > 1]
     finite = [point for run in runs for point in run]
     alone = [run[0] for run in runs if len(run) == 1]
     dots = finite if line.markers else list(dict.fromkeys([*alone, *finite[-1:]]))
-    shapes += [f'<circle cx="{x:g}" cy="{y:g}" r="2.5" fill="{line.colour}"/>'
+    shapes += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{line.colour}"/>'
                for x, y in dots]
     return f'<g class="series" data-label="{escape(line.label)}">{"".join(shapes)}</g>'
 

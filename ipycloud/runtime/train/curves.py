@@ -17,7 +17,7 @@ from typing import Any
 from ipycloud.runtime.charts import Series, charts_html, line_chart
 
 SMOOTHING = 0.9
-MAX_POINTS = 600
+MAX_POINTS = 400
 LOSS, VAL_LOSS, LEARNING_RATE = "#1f77b4", "#ff7f0e", "#2ca02c"
 METRIC_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
