@@ -51,7 +51,8 @@ class Axis:
 def line_chart(title: str, series: Sequence[Series], *, x_label: str = "step",
                log_y: bool | None = None, width: int = WIDTH, height: int = HEIGHT) -> str:
     """One chart of ``series`` against a shared x axis, as an ``<svg>`` element."""
-    finite = [(x, y) for line in series for x, y in line.points if math.isfinite(x) and math.isfinite(y)]
+    finite = [(x, y) for line in series for x, y in line.points
+              if math.isfinite(x) and math.isfinite(y)]
     xs, ys = [x for x, _ in finite], [y for _, y in finite]
     right, bottom = width - RIGHT, height - BOTTOM
     parts = [f'<rect width="{width}" height="{height}" fill="#fff"/>',
