@@ -6,7 +6,11 @@ benchmark MLP of ``bench_fit.py`` (64-256-256-10, batches of 64, AdamW, fp32, on
 thread), both in a real Jupyter kernel, where the curves are drawn and sent to the front.
 Each round runs the two one after the other, the order swapped from round to round; the
 goal is judged on the median of each round's paired ratio, so drift between rounds
-cancels out. One untimed round warms up first. Every sample is kept in the JSON.
+cancels out. One untimed round warms up first. Every sample is kept in the JSON. Steps/s
+are given of wall-clock time and of the kernel process's CPU time (its threads that send
+the output included): on a shared machine the CPU-time ratio is the steadier one, as it
+counts no time spent waiting for a core that another process holds, and it is the one the
+goal is judged on.
 
 Beside it, in this process: the cost of one redraw (the HTML of the charts with every line
 at its full ``MAX_POINTS``) and of following one logged row, and the share of a second
@@ -19,6 +23,7 @@ rounds); results go to ``benchmarks/results/live_curves.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -48,10 +53,11 @@ MLP = next(case for case in CASES if case.name == "mlp")
 """
 RUN = """
 model, optimizer, loader = MLP.parts({steps})
-started = time.perf_counter()
+started, cpu = time.perf_counter(), time.process_time()
 ipycloud.fit(model, optimizer, loader, epochs=1, precision="fp32", device="cpu",
              progress={progress!r})
-print("RATE", json.dumps({steps} / (time.perf_counter() - started)))
+print("RATE", json.dumps([{steps} / (time.perf_counter() - started),
+                          {steps} / (time.process_time() - cpu)]))
 """
 VARIANTS = {"curves": True, "bar_only": "bar"}
 
@@ -90,9 +96,12 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
 
-def rate(kernel: Kernel, progress: Any, steps: int) -> float:
+def rates(kernel: Kernel, progress: Any, steps: int) -> tuple[float, float]:
+    """Steps/s of wall-clock time and of the kernel's CPU time, of one run of fit."""
     text = kernel.run(RUN.format(steps=steps, progress=progress))
-    return float(next(line for line in text.splitlines() if line.startswith("RATE")).split()[1])
+    wall, cpu = json.loads(next(line for line in text.splitlines()
+                                if line.startswith("RATE")).split(maxsplit=1)[1])
+    return wall, cpu
 
 
 def in_the_kernel(rounds: int, steps: int) -> dict[str, Any]:
@@ -100,26 +109,30 @@ def in_the_kernel(rounds: int, steps: int) -> dict[str, Any]:
     try:
         kernel.run(SETUP)
         for progress in VARIANTS.values():
-            rate(kernel, progress, steps)
+            rates(kernel, progress, steps)
         kernel.messages.clear()
-        samples: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        samples: dict[str, dict[str, list[float]]] = {"wall": {}, "cpu": {}}
         for round_ in range(rounds):
             order = list(VARIANTS) if round_ % 2 == 0 else list(reversed(VARIANTS))
             for name in order:
-                samples[name].append(rate(kernel, VARIANTS[name], steps))
+                wall, cpu = rates(kernel, VARIANTS[name], steps)
+                samples["wall"].setdefault(name, []).append(wall)
+                samples["cpu"].setdefault(name, []).append(cpu)
         messages = dict(kernel.messages)
     finally:
         kernel.close()
-    paired = [with_curves / bar for with_curves, bar
-              in zip(samples["curves"], samples["bar_only"], strict=True)]
-    return {"steps_per_run": steps, "rounds": rounds,
-            "steps_per_s": {name: statistics.median(values) for name, values in samples.items()},
-            "spread_min_max": {name: [min(values), max(values)]
-                               for name, values in samples.items()},
+    figures: dict[str, Any] = {"steps_per_run": steps, "rounds": rounds,
+                               "redraws_per_run_with_curves":
+                                   messages.get("update_display_data", 0) / rounds + 1}
+    for clock, runs in samples.items():
+        paired = [with_curves / bar for with_curves, bar
+                  in zip(runs["curves"], runs["bar_only"], strict=True)]
+        figures[clock] = {
+            "steps_per_s": {name: statistics.median(values) for name, values in runs.items()},
+            "spread_min_max": {name: [min(values), max(values)] for name, values in runs.items()},
             "curves_vs_bar_only_paired": statistics.median(paired),
-            "paired_spread": [min(paired), max(paired)],
-            "redraws_per_run_with_curves": messages.get("update_display_data", 0) / rounds,
-            "samples": samples}
+            "paired_spread": [min(paired), max(paired)], "samples": runs}
+    return figures
 
 
 def _median_s(action: Any, repeat: int) -> float:
@@ -170,16 +183,19 @@ def main() -> None:
     args = parser.parse_args()
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
     kernel = in_the_kernel(rounds, STEPS)
-    local = in_this_process(kernel["steps_per_s"]["curves"])
-    ratio = kernel["curves_vs_bar_only_paired"]
+    local = in_this_process(kernel["wall"]["steps_per_s"]["curves"])
+    ratio = kernel["cpu"]["curves_vs_bar_only_paired"]
     results = {"machine": {**machine(), "threads": 1, "quick": args.quick}, "goal": GOAL,
                "disabled_by": "progress='bar' (the same progress bar, no curves)",
                "kernel": kernel, "this_process": local, "goal_met": ratio >= GOAL}
-    low, high = kernel["paired_spread"]
-    print(f"steps/s in a kernel, median of {rounds} rounds: curves "
-          f"{kernel['steps_per_s']['curves']:.1f}, bar only "
-          f"{kernel['steps_per_s']['bar_only']:.1f}; paired ratio {ratio:.4f} "
-          f"[{low:.4f}-{high:.4f}], goal >= {GOAL}: {'met' if ratio >= GOAL else 'MISSED'}")
+    for clock in ("wall", "cpu"):
+        figures = kernel[clock]
+        low, high = figures["paired_spread"]
+        print(f"steps/s of {clock} time in a kernel, median of {rounds} rounds: curves "
+              f"{figures['steps_per_s']['curves']:.1f}, bar only "
+              f"{figures['steps_per_s']['bar_only']:.1f}; paired ratio "
+              f"{figures['curves_vs_bar_only_paired']:.4f} [{low:.4f}-{high:.4f}]")
+    print(f"goal: CPU-time paired ratio >= {GOAL}: {'met' if ratio >= GOAL else 'MISSED'}")
     print(f"one redraw {local['redraw_s'] * 1e3:.2f} ms ({local['redraw_html_bytes']:,} bytes), "
           f"one row {local['follow_row_s'] * 1e6:.2f} us: "
           f"{local['share_of_a_second_at_measured_pace'] * 100:.3f}% of a second")
