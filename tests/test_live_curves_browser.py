@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
 import pytest
-from browser import ARTIFACTS, browser_page, lab_server
+from browser import ARTIFACTS, browser_page, notebook_in_lab, run_all_cells
 from waiting import wait_for
 
 NOTEBOOK = "curves.ipynb"
@@ -38,26 +37,14 @@ history = ipycloud.fit(model, optimizer, data, epochs=6, val_data=list(data)[:8]
 @pytest.fixture
 def jupyter_lab(tmp_path: Path) -> Iterator[str]:
     """A JupyterLab server on a free port, with its own settings; yields the notebook's URL."""
-    root = tmp_path / "root"
-    root.mkdir()
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(TRAINING)]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    nbformat.write(notebook, root / NOTEBOOK)
-    with lab_server(tmp_path, root) as lab:
-        yield f"{lab.base}/lab/tree/{NOTEBOOK}?reset&token={lab.token}"
+    with notebook_in_lab(tmp_path, NOTEBOOK, [TRAINING]) as url:
+        yield url
 
 
 def test_jupyterlab_shows_the_curves_redrawn_in_place(jupyter_lab: str) -> None:
     with browser_page(width=1200, height=900) as page:
         try:
-            page.goto(jupyter_lab)
-            page.locator("#jp-main-statusbar").get_by_text("Idle").wait_for(timeout=60_000)
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_text("Run All Cells", exact=True).click()
-
+            run_all_cells(page, jupyter_lab)
             curves = page.locator(".ipycloud-curves")
             curves.first.wait_for(timeout=90_000)
             captions: set[str] = set()
