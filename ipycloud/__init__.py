@@ -43,6 +43,9 @@ _LAZY_ATTRIBUTES = {
     "notify": "ipycloud.runtime.notify",
 }
 
+# Names that show more in a notebook: the first access loads the notebook front as well.
+_DRAWN_IN_NOTEBOOKS = {"fit"}
+
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]
 
 
@@ -50,6 +53,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY_ATTRIBUTES.get(name)
     if module is None:
         raise AttributeError(f"module 'ipycloud' has no attribute {name!r}")
+    if name in _DRAWN_IN_NOTEBOOKS:
+        importlib.import_module("ipycloud.notebook").follow_runs()
     return getattr(importlib.import_module(module), name)
 
 

@@ -63,6 +63,31 @@ def lab_server(home: Path, root: Path, app: str = "lab", arguments: Sequence[str
 
 
 @contextlib.contextmanager
+def notebook_in_lab(tmp_path: Path, name: str, cells: Sequence[str]) -> Iterator[str]:
+    """A notebook of code ``cells`` in a started JupyterLab; yields the notebook's URL."""
+    import nbformat
+
+    root = tmp_path / "root"
+    root.mkdir()
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(cell) for cell in cells]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    nbformat.write(notebook, root / name)
+    with lab_server(tmp_path, root) as lab:
+        yield f"{lab.base}/lab/tree/{name}?reset&token={lab.token}"
+
+
+def run_all_cells(page: Any, url: str) -> None:
+    """Open the notebook at ``url`` once its kernel is idle, and run all its cells."""
+    page.goto(url)
+    page.locator("#jp-main-statusbar").get_by_text("Idle").wait_for(timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_text("Run All Cells", exact=True).click()
+
+
+@contextlib.contextmanager
 def browser_page(width: int = 1400, height: int = 900) -> Iterator[Any]:
     """A page of a fresh headless Chromium."""
     from playwright.sync_api import sync_playwright

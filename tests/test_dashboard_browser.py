@@ -7,9 +7,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import nbformat
 import pytest
-from browser import ARTIFACTS, browser_page, lab_server
+from browser import ARTIFACTS, browser_page, notebook_in_lab, run_all_cells
 from waiting import wait_for
 
 NOTEBOOK = "dashboard.ipynb"
@@ -18,27 +17,15 @@ NOTEBOOK = "dashboard.ipynb"
 @pytest.fixture
 def jupyter_lab(tmp_path: Path) -> Iterator[str]:
     """A JupyterLab server on a free port, with its own settings; yields the notebook's URL."""
-    root = tmp_path / "root"
-    root.mkdir()
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell("%load_ext ipycloud"),
-                      nbformat.v4.new_code_cell("%dashboard --interval 0.5 --history 20s")]
-    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                       "language": "python"}
-    nbformat.write(notebook, root / NOTEBOOK)
-    with lab_server(tmp_path, root) as lab:
-        yield f"{lab.base}/lab/tree/{NOTEBOOK}?reset&token={lab.token}"
+    with notebook_in_lab(tmp_path, NOTEBOOK, ["%load_ext ipycloud",
+                                              "%dashboard --interval 0.5 --history 20s"]) as url:
+        yield url
 
 
 def test_jupyterlab_shows_the_panel_updating(jupyter_lab: str) -> None:
     with browser_page() as page:
         try:
-            page.goto(jupyter_lab)
-            page.locator("#jp-main-statusbar").get_by_text("Idle").wait_for(timeout=60_000)
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            page.get_by_role("menuitem", name="Run", exact=True).click()
-            page.get_by_text("Run All Cells", exact=True).click()
-
+            run_all_cells(page, jupyter_lab)
             panel = page.locator(".widget-vbox").filter(has_text="ipycloud")
             panel.wait_for(timeout=60_000)
             rows = panel.locator(".widget-hbox .widget-label").all_inner_texts()

@@ -213,6 +213,10 @@ def test_a_cpu_trains_in_fp32_even_with_bfloat16_instructions(
         ({"early_stop": ("val_loss",)}, ValueError, "early_stop is (metric, patience"),
         ({"metrics": {"f1": 3}}, TypeError, "metrics must be a dict of name -> fn"),
         ({"log_every": 0}, ValueError, "log_every must be a positive integer"),
+        ({"progress": "yes"}, ValueError, "progress must be True (a bar, and live curves in "
+                                          "a notebook), 'bar' (the bar only) or False, not "
+                                          "'yes'"),
+        ({"progress": 1}, ValueError, "progress must be True"),
     ],
 )
 def test_surprises_are_one_line_errors(options: dict[str, Any], error: type,

@@ -11,14 +11,16 @@ from ipycloud.magics.keepalive import KeepaliveMagics
 from ipycloud.magics.notify import NotifyMagics
 from ipycloud.magics.storage import StorageMagics
 from ipycloud.magics.usage import UsageRecording
+from ipycloud.notebook import follow_runs
 
 MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, KeepaliveMagics,
           NotifyMagics)
 
 
 def register_all(ipython: InteractiveShell) -> None:
-    """Register every ipycloud magics class on ``ipython`` and start recording usage (unless
-    ``UsageRecording.enabled`` is False)."""
+    """Register every ipycloud magics class on ``ipython``, start recording usage (unless
+    ``UsageRecording.enabled`` is False) and draw the live curves of ``fit``."""
     for magics in MAGICS:
         ipython.register_magics(magics)
     UsageRecording(ipython)
+    follow_runs()

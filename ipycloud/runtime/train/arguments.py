@@ -33,6 +33,12 @@ def check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
                          "this model, e.g. torch.optim.AdamW(model.parameters())")
 
 
+def check_progress(progress: Any) -> None:
+    if progress not in (True, False, "bar") or not isinstance(progress, bool | str):
+        raise ValueError(f"progress must be True (a bar, and live curves in a notebook), "
+                         f"'bar' (the bar only) or False, not {progress!r}")
+
+
 def checkpoint_seconds(every: str | int) -> float | None:
     from ipycloud.runtime.units import parse_duration
 

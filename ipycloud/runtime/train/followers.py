@@ -32,6 +32,7 @@ class RunStart:
     max_steps: int | None
     main: bool  # the process that writes checkpoints and shows progress
     details: dict[str, Any] = field(default_factory=dict)  # device, precision, model...
+    curves: bool = False  # live curves asked for (progress=True, on the main process)
 
 
 @dataclass(frozen=True)

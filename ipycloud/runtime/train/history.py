@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, field
 from typing import Any
 
 from ipycloud.runtime.tables import aligned_lines, html_table
+from ipycloud.runtime.train.curves import TrainingCurves
 
 
 @dataclass
@@ -66,8 +68,13 @@ class History:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
+        """The summary, the curves (loss, learning rate, validation metrics) and the table
+        of epochs."""
         headers, rows = self._epoch_table()
-        return f"<p>{self.summary()}</p>" + (html_table((headers, rows)) if rows else "")
+        curves = TrainingCurves.of(self.steps, self.epochs)
+        return (f"<p>{html.escape(self.summary())}</p>"
+                + ("" if curves.empty() else curves.html())
+                + (html_table((headers, rows)) if rows else ""))
 
 
 def _cell(value: Any) -> str:

@@ -34,6 +34,7 @@ from ipycloud.runtime.train.alerts import alert_follower
 from ipycloud.runtime.train.arguments import (
     check_arguments,
     check_epoch_metric,
+    check_progress,
     check_release,
     checkpoint_manager,
     checkpoint_seconds,
@@ -97,7 +98,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         device: Any = "auto", checkpoint: Any = None, checkpoint_every: str | int = "10m",
         resume: bool | str | int = "auto", callbacks: Sequence[Any] = (),
         early_stop: Sequence[Any] | None = None, log_every: int = LOG_EVERY,
-        progress: bool = True, seed: int | None = None, release: bool = False) -> History:
+        progress: bool | Literal["bar"] = True, seed: int | None = None,
+        release: bool = False) -> History:
     """Train ``model`` with ``optimizer`` on ``train_data``; returns the History.
 
     - ``epochs`` or ``max_steps`` (optimizer steps) bounds the run; neither means 1 epoch.
@@ -128,6 +130,9 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     - Interrupting (the Stop button, Ctrl-C) finishes the current step, saves a checkpoint
       and raises KeyboardInterrupt: rerunning the cell continues. A second interrupt
       stops at once.
+    - ``progress=True`` shows a progress bar and, in a notebook, live charts of the loss
+      (raw and smoothed), the learning rate and the validation metrics under it, redrawn
+      at most once a second; ``"bar"`` shows the bar alone, False nothing.
     - ``seed`` fixes the data order and every sample's random draws (default:
       ``torch.initial_seed()``).
     - ``release=True`` (with ``checkpoint=``) gives the machine back once the run has
@@ -140,6 +145,7 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     """
     torch = require("torch", "torch")
     check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
+    check_progress(progress)
     manager = checkpoint_manager(checkpoint)
     resuming.check_resume(resume, manager is not None)
     check_release(release, manager is not None)
@@ -219,7 +225,7 @@ class _Trainer:
     # -- the run --------------------------------------------------------------------------
 
     def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None, manager: Any,
-            resume: bool | str | int, progress: bool) -> History:
+            resume: bool | str | int, progress: bool | Literal["bar"]) -> History:
         if manager is not None:
             self.saver = resilient_saver(manager)
         resumed = self._resume(manager, resume) if manager is not None else None
@@ -231,7 +237,7 @@ class _Trainer:
             self.data.check_reproducible()
         if self.data.batches_per_epoch() == 0:
             raise ValueError("train_data is empty: it gave no batch")
-        bar = Progress(progress and self.main)
+        bar = Progress(bool(progress) and self.main)
         if self._finished():
             bar.say(self._complete_line(resumed))
             if (self.main and self.saver is not None and resumed is not None
@@ -243,7 +249,8 @@ class _Trainer:
         bar.start(self._total_steps(), self.step)
         self.manager, self._bar = manager, bar
         self._enter(STARTING)
-        self.followers = start_following(self._run_start(manager), built_in=[alert_follower])
+        self.followers = start_following(self._run_start(manager, curves=progress is True),
+                                         built_in=[alert_follower])
         self._logged_at = (self.step, time.monotonic())
         try:
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
@@ -695,12 +702,12 @@ class _Trainer:
                                              "epoch": info.epoch,
                                              "folder": str(info.directory)})
 
-    def _run_start(self, manager: Any) -> RunStart:
+    def _run_start(self, manager: Any, curves: bool) -> RunStart:
         plan = self.plan
         return RunStart(
             folder=manager.directory if manager is not None else None, step=self.step,
             epoch=self.data.epoch, total_steps=self._total_steps(), epochs=plan.epochs,
-            max_steps=plan.max_steps, main=self.main,
+            max_steps=plan.max_steps, main=self.main, curves=curves and self.main,
             details={"device": str(self.device), "precision": plan.precision.name,
                      "model": type(self.raw_model).__name__,
                      "parameters": sum(p.numel() for p in self.raw_model.parameters()),

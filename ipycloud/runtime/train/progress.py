@@ -1,8 +1,14 @@
-"""Progress of a training run: a tqdm.auto bar (a widget in notebooks, text in terminals)."""
+"""Progress of a training run: a tqdm.auto bar (a widget in notebooks, text in terminals).
+
+Without ipywidgets the bar is tqdm's text one everywhere: tqdm.auto would warn
+("IProgress not found") on every run in a notebook before falling back to it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from ipycloud.runtime._optional import is_available
 
 
 class Progress:
@@ -15,9 +21,8 @@ class Progress:
     def start(self, total: int | None, initial: int) -> None:
         """Show the bar, ``initial`` of ``total`` steps already done."""
         if self.enabled:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+            self._bar = _bar_class()(total=total, initial=initial, unit="step",
+                                     dynamic_ncols=True)
 
     def say(self, line: str) -> None:
         """A line of text, above the bar once it is shown."""
@@ -43,3 +48,12 @@ class Progress:
 
 def _short(value: Any) -> Any:
     return f"{value:.4g}" if isinstance(value, float) else value
+
+
+def _bar_class() -> Any:
+    """tqdm.auto's bar where ipywidgets can draw it, tqdm's text bar otherwise."""
+    if is_available("ipywidgets"):
+        from tqdm.auto import tqdm
+    else:
+        from tqdm.std import tqdm
+    return tqdm
