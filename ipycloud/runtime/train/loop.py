@@ -51,7 +51,7 @@ from ipycloud.runtime.train.followers import (
     start_following,
 )
 from ipycloud.runtime.train.history import History
-from ipycloud.runtime.train.interrupt import DeferredInterrupt, Preemption
+from ipycloud.runtime.train.interrupt import DeferredInterrupt, FitInterrupted, Preemption
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
@@ -123,7 +123,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       and ``on_checkpoint(info)``; a hook returning True stops the run.
       ``early_stop=("val_loss", 3)`` stops after 3 epochs without improvement.
     - Interrupting (the Stop button, Ctrl-C) finishes the current step, saves a checkpoint
-      and raises KeyboardInterrupt: rerunning the cell continues. A second interrupt
+      and raises FitInterrupted, a KeyboardInterrupt that notebooks show as the one line it
+      printed: rerunning the cell continues. A second interrupt
       stops at once.
     - ``seed`` fixes the data order and every sample's random draws (default:
       ``torch.initial_seed()``).
@@ -152,7 +153,10 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan,
                        Callbacks([*callbacks, *([stopping] if stopping else [])]),
                        seed if seed is not None else torch.initial_seed() % 2**31)
-    return trainer.run(train_data, val_data, manager, resume, progress)
+    try:
+        return trainer.run(train_data, val_data, manager, resume, progress)
+    except FitInterrupted as interrupted:  # raised again here: no frames of the loop shown
+        raise interrupted.with_traceback(None) from None
 
 
 class _Trainer:
@@ -523,7 +527,7 @@ class _Trainer:
         self.followers.tell("happened", "pause", line)
         bar.close()
         print(line, flush=True)
-        raise KeyboardInterrupt(line)
+        raise FitInterrupted(line)
 
     # -- SIGTERM ----------------------------------------------------------------------------
 
