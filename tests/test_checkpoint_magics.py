@@ -307,6 +307,45 @@ def test_no_strict_restores_what_the_checkpoint_holds(notebook, tmp_path: Path) 
     assert notebook.user_ns["epoch"] == 9
 
 
+def test_plain_values_come_back_into_the_notebook_even_when_not_defined(
+        notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "my runs"
+    notebook.run_cell("history = {'loss': [0.5, 0.25]}; seen = [1, 2]")
+    notebook.run_line_magic("checkpoint", f"save model epoch history seen --dir '{folder}'")
+    notebook.run_cell("del epoch, history, seen")
+    notice = notebook.run_line_magic("checkpoint", f"restore epoch history seen --dir '{folder}'")
+    assert str(notice).startswith("restored epoch, history, seen from checkpoint ")
+    assert notebook.user_ns["epoch"] == 3
+    assert notebook.user_ns["history"] == {"loss": [0.5, 0.25]}
+    assert notebook.user_ns["seen"] == [1, 2]
+
+
+def test_a_name_the_checkpoint_lacks_stays_undefined(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    notebook.run_line_magic("checkpoint", f"save model --dir {folder}")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"restore model lr --dir {folder}")
+    assert str(caught.value) == ("%checkpoint restore: the checkpoint has no 'lr' (it holds "
+                                 "'model'); pass --no-strict to restore the rest")
+    notice = notebook.run_line_magic("checkpoint", f"restore model lr --dir {folder} "
+                                                   "--no-strict")
+    assert str(notice).endswith("; not in it, still undefined: lr")
+    assert "lr" not in notebook.user_ns
+
+
+@pytest.mark.parametrize("name", ["model", "optimizer", "scheduler"])
+def test_an_objects_state_needs_the_live_object(notebook, tmp_path: Path, name) -> None:
+    folder = tmp_path / "ckpt"
+    notebook.run_line_magic("checkpoint", f"save model optimizer scheduler epoch --dir {folder}")
+    notebook.run_cell(f"del {name}; epoch = 8")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"restore {name} epoch --dir {folder}")
+    assert str(caught.value) == (f"%checkpoint restore: cannot restore {name!r}: the "
+                                 "checkpoint holds an object's state_dict(), which goes into "
+                                 f"a live object: create {name} first, then restore")
+    assert name not in notebook.user_ns and notebook.user_ns["epoch"] == 8
+
+
 def test_a_module_of_other_keys_names_the_magic_option(notebook, tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     notebook.run_cell("head = torch.nn.Linear(4, 8)")
@@ -364,11 +403,13 @@ ACTIONS_ON_A_FOLDER = ["save model", "save model --async", "restore model", "lis
 
 
 @pytest.mark.parametrize("line", ACTIONS_ON_A_FOLDER)
-def test_a_file_given_as_the_folder_is_one_line(notebook, tmp_path: Path, line) -> None:
+@pytest.mark.parametrize("below", ["", "/runs", "/runs/v 2"])
+def test_a_file_given_as_the_folder_is_one_line(notebook, tmp_path: Path, line,
+                                                below) -> None:
     file = tmp_path / "notes 'v1'.txt"
     file.write_text("mine")
     with pytest.raises(UsageError) as caught:
-        notebook.run_line_magic("checkpoint", f"{line} --dir {shlex.quote(str(file))}")
+        notebook.run_line_magic("checkpoint", f"{line} --dir {shlex.quote(str(file) + below)}")
     assert str(caught.value) == (f"%checkpoint {line.split()[0]}: {file} is a file, not a "
                                  "folder; give a folder with --dir")
     assert file.read_text() == "mine" and list(tmp_path.iterdir()) == [file]

@@ -25,6 +25,7 @@ from ipycloud.magics._arguments import (
 from ipycloud.magics._display import Notice
 from ipycloud.magics._storage_errors import storage_problem, storage_remedy
 from ipycloud.runtime.checkpoint.catalog import MAX_STEP
+from ipycloud.runtime.durable import refuse_a_file
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -185,17 +186,24 @@ class CheckpointMagics(Magics):
         return info
 
     def _restore(self, args: argparse.Namespace) -> Notice:
-        state = self._variables(args.names, "restore")
+        from ipycloud.runtime.checkpoint.restore import UNDEFINED
+
+        state = self._variables(args.names, "restore", undefined=UNDEFINED)
         manager = self._existing_manager(args.folder)
         chosen = args.which or "latest"
         which: str | int = int(chosen) if chosen.isdecimal() else chosen
         info = manager.load(state, which, strict=args.strict)
-        self._ipython.user_ns.update(state)  # plain values come back as new objects
         restored = [name for name in state if name in info.objects]
-        skipped = [name for name in state if name not in info.objects]
+        # plain values come back as new objects, defined or not before
+        self._ipython.user_ns.update({name: state[name] for name in restored})
         text = f"restored {', '.join(restored) or 'nothing'} from {info.summary()}"
-        return Notice(text + (f"; not in it, left as they were: {', '.join(skipped)}"
-                              if skipped else ""))
+        kept = [name for name in state if name not in restored and state[name] is not UNDEFINED]
+        undefined = [name for name in state if name not in restored and name not in kept]
+        if kept:
+            text += f"; not in it, left as they were: {', '.join(kept)}"
+        if undefined:
+            text += f"; not in it, still undefined: {', '.join(undefined)}"
+        return Notice(text)
 
     def _list(self, args: argparse.Namespace) -> Any:
         if args.names:
@@ -257,7 +265,10 @@ class CheckpointMagics(Magics):
         if info is not None:
             print(f"ipycloud: automatic {info.summary()}")
 
-    def _variables(self, names: list[str] | tuple[str, ...], action: str) -> dict[str, Any]:
+    def _variables(self, names: list[str] | tuple[str, ...], action: str,
+                   undefined: Any = None) -> dict[str, Any]:
+        """The named notebook variables; a name not defined in the notebook is refused, or
+        given the value ``undefined`` where that is not None."""
         from ipycloud.runtime._optional import require
         from ipycloud.runtime.checkpoint.state import kind_of
 
@@ -272,6 +283,9 @@ class CheckpointMagics(Magics):
         namespace = self._ipython.user_ns
         state = {}
         for name in names:
+            if name not in namespace and undefined is not None:
+                state[name] = undefined
+                continue
             if name not in namespace:
                 raise UsageError(f"%checkpoint {action}: no variable named {name!r} in the "
                                  "notebook; define it first or check the spelling")
@@ -313,10 +327,10 @@ class CheckpointMagics(Magics):
     def _existing_manager(self, folder: str | None) -> CheckpointManager:
         manager = self._manager(folder)
         manager.wait()  # a save still being written counts
+        _refuse_a_file(manager.directory)
         if _is_folder(manager.directory) is None:
             raise UsageError(f"%checkpoint: the folder {manager.directory} does not exist; "
                              "save a checkpoint first, or give the right one with --dir")
-        _refuse_a_file(manager.directory)
         if not manager.list():
             raise UsageError(f"%checkpoint: no checkpoint in {manager.directory} yet; save "
                              "one with %checkpoint save model optimizer")
@@ -333,9 +347,11 @@ def _is_folder(folder: Path) -> bool | None:
 
 
 def _refuse_a_file(folder: Path) -> None:
-    """ValueError when ``folder`` is a file."""
-    if _is_folder(folder) is False:
-        raise ValueError(f"{folder} is a file, not a folder; give a folder with --dir")
+    """ValueError when ``folder``, or a folder above it, is a file."""
+    try:
+        refuse_a_file(folder)
+    except NotADirectoryError as error:
+        raise ValueError(f"{error}; give a folder with --dir") from None
 
 
 def _check_writable(folder: Path) -> None:

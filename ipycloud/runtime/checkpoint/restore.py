@@ -3,9 +3,11 @@
 A mismatch found by the checks (a module of other shapes, an optimizer with other
 parameter groups or parameter shapes, a GradScaler state saved while it was disabled, a
 tensor where a module was saved, a plain value that cannot go back into a read-only
-mapping) raises one CheckpointError and changes nothing. Stateful objects of other types
-(LR schedulers among them) cannot be checked beforehand: they are restored first, so
-their failure, too, leaves the checked objects untouched.
+mapping, an object's state for a name that has no live object yet) raises one
+CheckpointError and changes nothing. A name given as ``UNDEFINED`` (a variable not defined
+yet) gets its plain value; state that goes into a live object needs that object. Stateful
+objects of other types (LR schedulers among them) cannot be checked beforehand: they are
+restored first, so their failure, too, leaves the checked objects untouched.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from ipycloud.runtime.checkpoint.state import (
     parameter_shapes,
 )
 from ipycloud.runtime.messages import one_line
+
+UNDEFINED: Any = object()  # a name's value in a state whose caller has no object for it yet
 
 _WORDS = {STATEFUL: "an object's state_dict()", TENSOR: "a tensor",
           GENERATOR: "a generator state", VALUE: "a plain value"}
@@ -71,6 +75,9 @@ def _problem(state: Mapping[str, Any], name: str, value: Any, strict: bool,
     import torch
 
     obj = state[name]
+    if obj is UNDEFINED and saved_kind not in (None, VALUE):
+        return (f"the checkpoint holds {_WORDS.get(saved_kind, saved_kind)}, which goes into a "
+                f"live object: create {name} first, then restore")
     kind = kind_of(obj)
     if kind is None or kind == VALUE:  # replaced by the saved value
         return None if isinstance(state, MutableMapping) else (
