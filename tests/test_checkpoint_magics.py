@@ -65,7 +65,7 @@ def test_save_list_restore_round_trip(notebook, tmp_path: Path) -> None:
 
     table = notebook.run_line_magic("checkpoint", f"list --dir {folder}")
     text = str(table)
-    assert text.splitlines()[0] == f"1 checkpoint(s) in {folder}"
+    assert text.splitlines()[0] == f"1 checkpoint in {folder}"
     assert "step-000000100 (latest)" in text
     assert "<table>" in table._repr_html_()
 

@@ -139,7 +139,7 @@ def test_checkpoint_list_shows_the_magics_table(shell, checkpoints: Path) -> Non
     assert result.returncode == 0, result.stderr
     magic = shell.run_line_magic("checkpoint", f"list --dir {shlex.quote(str(checkpoints))}")
     assert result.stdout == f"{magic}\n"
-    assert result.stdout.splitlines()[0] == f"2 checkpoint(s) in {checkpoints}"
+    assert result.stdout.splitlines()[0] == f"2 checkpoints in {checkpoints}"
     assert "step-000000020-final (latest)" in result.stdout
 
 

@@ -314,18 +314,18 @@ def test_the_magic_shows_a_live_panel_records_cells_and_stops(magic_shell) -> No
     assert "x = sum(range(10**6))" in str(table)
 
     notice = str(magic_shell.run_line_magic("dashboard", "stop"))
-    assert notice.startswith("stopped 1 dashboard(s) and per-cell recording")
+    assert notice.startswith("stopped 1 dashboard and per-cell recording")
     assert not dashboard.active and dashboard.status.value == "stopped"
     wait_for(lambda: not shared_sampler().running)
     assert str(magic_shell.run_line_magic("dashboard", "stop")).startswith(
-        "stopped 0 dashboard(s);")
+        "stopped 0 dashboards;")
 
 
 def test_stopping_the_dashboards_leaves_usage_recording_on(magic_shell) -> None:
     magic_shell.run_line_magic("config", "UsageRecording.enabled = True")
     magic_shell.run_line_magic("dashboard", "--interval 0.1")
     notice = str(magic_shell.run_line_magic("dashboard", "stop"))
-    assert notice == ("stopped 1 dashboard(s); usage recording goes on once a second "
+    assert notice == ("stopped 1 dashboard; usage recording goes on once a second "
                       "(%config UsageRecording.enabled = False stops it)")
     assert shared_sampler().running and shared_sampler().subscribers == 1
     assert shared_sampler().interval == DEFAULT_INTERVAL_S  # the session's own pace again
@@ -469,7 +469,7 @@ def test_the_dashboard_in_a_real_kernel(tmp_path: Path) -> None:
     assert shown["model_id"] in state  # the panel the client was shown
     ram_label = state[result["ram_model"]]["state"]["value"]  # updates reached the client
     assert ram_label != first["rss"] and "this kernel" in ram_label
-    assert outputs(cells[4])["text/plain"].startswith("stopped 1 dashboard(s)")
+    assert outputs(cells[4])["text/plain"].startswith("stopped 1 dashboard")
 
 
 def test_widgets_only_come_from_the_first_reading(sampler) -> None:

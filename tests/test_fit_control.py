@@ -132,7 +132,7 @@ def test_early_stopping_ends_the_run_and_the_rerun_says_it_is_complete(
     _, history = run(tmp_path, epochs=6, val_data=data(), metrics={"score": score},
                      early_stop=("val_score", 2))
     assert len(history.epochs) == 4
-    assert history.stopped == ("early stop: val_score has not improved for 2 epoch(s) since "
+    assert history.stopped == ("early stop: val_score has not improved for 2 epochs since "
                                "epoch 1 (0.9) (step 16)")
     capsys.readouterr()
     _, again = run(tmp_path, epochs=6, val_data=data(), metrics={"score": score},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipycloud.runtime.units import parse_size
+from ipycloud.runtime.units import counted, parse_size
 
 
 @pytest.mark.parametrize(("text", "size"), [
@@ -21,3 +21,11 @@ def test_what_is_no_size(text: str) -> None:
     with pytest.raises(ValueError, match="is not a size") as err:
         parse_size(text)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("number", "noun", "plural", "text"), [
+    (1, "file", None, "1 file"), (0, "file", None, "0 files"), (2, "file", None, "2 files"),
+    (1, "process", "processes", "1 process"), (3, "process", "processes", "3 processes"),
+])
+def test_a_count_has_its_noun_in_the_right_number(number, noun, plural, text) -> None:
+    assert counted(number, noun, plural) == text

@@ -215,6 +215,7 @@ class DashboardMagics(Magics):
         from ipycloud.runtime.monitor.sampler import shared_sampler
         from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
         from ipycloud.runtime.monitor.webpage import stop_page
+        from ipycloud.runtime.units import counted
 
         live = [dashboard for dashboard in self._dashboards if dashboard.active]
         for dashboard in self._dashboards:
@@ -229,7 +230,7 @@ class DashboardMagics(Magics):
             start_monitoring()  # back to its own pace, from the dashboard's
         else:
             stop_monitoring()
-        done = [f"{len(live)} dashboard(s)"]
+        done = [counted(len(live), "dashboard")]
         if page is not None:
             done.append(f"the dashboard page (port {page.port} closed)")
         if recording:
@@ -240,7 +241,7 @@ class DashboardMagics(Magics):
                           "(%config UsageRecording.enabled = False stops it)")
         others = shared_sampler().subscribers
         sampler = ("the background sampler has stopped" if others == 0 else
-                   f"the background sampler keeps running for {others} other user(s)")
+                   f"the background sampler keeps running for {counted(others, 'other user')}")
         return Notice(f"{stopped}; {sampler}")
 
 

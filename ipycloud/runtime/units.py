@@ -7,6 +7,12 @@ import re
 NA = "n/a"
 
 
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """The number with its noun in the right number: ``1 file``, ``0 files``, ``2 GPUs``
+    (``plural`` where adding an s is wrong)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
+
+
 def format_bytes(value: float | None) -> str:
     """Bytes in binary units with one decimal: ``15.0 GiB``; None as n/a."""
     if value is None:

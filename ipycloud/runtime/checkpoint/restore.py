@@ -26,6 +26,7 @@ from ipycloud.runtime.checkpoint.state import (
     parameter_shapes,
 )
 from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.units import counted
 
 UNDEFINED: Any = object()  # a name's value in a state whose caller has no object for it yet
 
@@ -146,12 +147,13 @@ def _optimizer_problem(optimizer: Any, value: Any, shapes: Shapes | None) -> str
         return "the checkpoint holds no optimizer state"
     live = optimizer.param_groups
     if len(groups) != len(live):
-        return (f"the checkpoint's optimizer has {len(groups)} parameter group(s), the live "
-                f"one {len(live)}")
+        return (f"the checkpoint's optimizer has {counted(len(groups), 'parameter group')}, "
+                f"the live one {len(live)}")
     for index, (group, live_group) in enumerate(zip(groups, live, strict=True)):
         if len(group["params"]) != len(live_group["params"]):
-            return (f"parameter group {index} holds {len(group['params'])} parameter(s) in "
-                    f"the checkpoint, {len(live_group['params'])} in the live optimizer")
+            return (f"parameter group {index} holds "
+                    f"{counted(len(group['params']), 'parameter')} in the checkpoint, "
+                    f"{len(live_group['params'])} in the live optimizer")
     if shapes is None:
         return None
     for index, (saved, current) in enumerate(zip(shapes, parameter_shapes(optimizer),

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.train.xla import xla_available, xla_device
+from ipycloud.runtime.units import counted
 
 if TYPE_CHECKING:
     from ipycloud.runtime.machine.nvml import GpuInfo
@@ -41,7 +42,7 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     gpus = usable_gpus()
     if gpus:
         return DeviceChoice(torch.device("cuda", 0), "cuda",
-                            f"{len(gpus)} NVIDIA GPU(s) visible, first: {gpus[0].name}")
+                            f"{counted(len(gpus), 'NVIDIA GPU')} visible, first: {gpus[0].name}")
     if xla_available():
         return DeviceChoice(xla_device(), "xla", "torch_xla is installed")
     mps = getattr(torch.backends, "mps", None)
@@ -66,7 +67,8 @@ def _check_cuda(device: Any) -> None:
         raise ValueError(f"device={str(device)!r} needs an NVIDIA GPU, and none is visible: "
                          "use device='auto' or 'cpu', or pick a GPU runtime")
     if device.index is not None and device.index >= len(gpus):
-        raise ValueError(f"device={str(device)!r}: only {len(gpus)} NVIDIA GPU(s) are visible "
+        raise ValueError(f"device={str(device)!r}: only {counted(len(gpus), 'NVIDIA GPU')} "
+                         f"{'is' if len(gpus) == 1 else 'are'} visible "
                          f"(cuda:0 to cuda:{len(gpus) - 1})")
 
 

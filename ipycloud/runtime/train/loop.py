@@ -57,6 +57,7 @@ from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.xla import OnCpu
+from ipycloud.runtime.units import counted
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 MAX_SKIPPED_FP16_STEPS = 25
@@ -743,7 +744,7 @@ class _Trainer:
         plan = self.plan
         where = (f"resuming from {resumed.name} (step {resumed.step}, epoch "
                  f"{self.data.epoch}, batch {self.data.batches})" if resumed else "starting")
-        world = f", {self.dist.world_size} processes" if self.dist else ""
+        world = f", {counted(self.dist.world_size, 'process', 'processes')}" if self.dist else ""
         plateau = (", ReduceLROnPlateau steps on train_loss (no val_data)"
                    if self._steps_on_metric and val_data is None else "")
         lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
