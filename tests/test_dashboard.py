@@ -382,6 +382,18 @@ def test_the_csv_report_replaces_no_folder_device_or_pipe(recorded, tmp_path: Pa
     assert sorted(tmp_path.iterdir()) == [pipe, folder]
 
 
+@pytest.mark.parametrize("below", ["", "/reports"])
+def test_a_csv_below_a_file_is_one_line(recorded, tmp_path: Path, below) -> None:
+    file = tmp_path / "notes 'v1'.txt"
+    file.write_text("mine")
+    target = f"{file}{below}/u.csv"
+    with pytest.raises(UsageError) as caught:
+        recorded.run_line_magic("dashboard", f"report --csv {shlex.quote(target)}")
+    assert str(caught.value) == (f"%dashboard report: cannot write {target}: {file} is a "
+                                 "file, not a folder; give another with --csv")
+    assert file.read_text() == "mine" and list(tmp_path.iterdir()) == [file]
+
+
 def test_a_csv_name_too_long_is_one_line(recorded, tmp_path: Path) -> None:
     target = tmp_path / ("u" * 300 + ".csv")
     with pytest.raises(UsageError) as caught:

@@ -35,7 +35,8 @@ def show_without_traceback(ipython: InteractiveShell) -> None:
     def end_cell(shell: InteractiveShell, kind: type[BaseException], error: BaseException,
                  traceback: TracebackType | None, tb_offset: int | None = None) -> Any:
         if issubclass(kind, MagicFailure):
-            shell.showtraceback((kind, error, traceback), exception_only=True)
+            # showtraceback(exception_only=True) would add a line about %tb
+            shell._showtraceback(kind, error, shell.InteractiveTB.get_exception_only(kind, error))
             return None
         if issubclass(kind, FitInterrupted):
             return None

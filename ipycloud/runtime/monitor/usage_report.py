@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.durable import write_bytes_atomically
+from ipycloud.runtime.durable import refuse_a_file, write_bytes_atomically
 from ipycloud.runtime.monitor.prices import Cost
 from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
 from ipycloud.runtime.units import NA, format_bytes, format_duration, format_percent
@@ -81,6 +81,10 @@ class UsageReport:
         gpu by index, cost and compare by instance), whole or not at all; returns the path.
         A file there is replaced; a folder, device or pipe is not."""
         target = Path(path)
+        try:
+            refuse_a_file(target.parent)
+        except NotADirectoryError as error:
+            raise NotADirectoryError(f"cannot write {target}: {error}") from None
         if not target.parent.is_dir():
             raise FileNotFoundError(f"cannot write {target}: the folder {target.parent} "
                                     f"does not exist")
