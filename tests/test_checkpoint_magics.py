@@ -227,7 +227,11 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("restore model --dir {tmp}/one --from 7", "no checkpoint of step 7"),
         ("restore model --dir {tmp}/one --from ²", "no checkpoint tagged or named '²'"),
         ("restore model --dir {tmp}/one --from best", "%checkpoint restore: --from best needs "
-                                                      "keep_best=(metric, 'min' or 'max')"),
+                                                      "the metric to rank by: pass --best-by "
+                                                      "METRIC[:min|max], as no checkpoint in "),
+        ("restore model --dir {tmp}/one --best-by loss", "--best-by goes with --from best"),
+        ("restore model --dir {tmp}/one --from best --best-by loss:up",
+         "argument --best-by: give METRIC, METRIC:min or METRIC:max, not 'loss:up'"),
         ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch' (it holds "
                                                 "'model'); pass --no-strict to restore the rest"),
         ("restore optimizer --dir {tmp}/one --from model", "no checkpoint tagged or named"),
@@ -318,6 +322,18 @@ def test_plain_values_come_back_into_the_notebook_even_when_not_defined(
     assert notebook.user_ns["epoch"] == 3
     assert notebook.user_ns["history"] == {"loss": [0.5, 0.25]}
     assert notebook.user_ns["seen"] == [1, 2]
+
+
+def test_best_by_picks_the_best_checkpoint_by_a_metric(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ranked"
+    manager = CheckpointManager(folder, keep_last=None)
+    for step, loss in ((1, 0.5), (2, 0.2), (3, 0.9)):
+        manager.save({"epoch": step}, step=step, metrics={"val_loss": loss})
+    for ranking, step in (("val_loss", 2), ("val_loss:min", 2), ("val_loss:max", 3)):
+        notice = notebook.run_line_magic("checkpoint", f"restore epoch --dir {folder} "
+                                                       f"--from best --best-by {ranking}")
+        assert str(notice).startswith(f"restored epoch from checkpoint step-00000000{step}:")
+        assert notebook.user_ns["epoch"] == step
 
 
 def test_a_name_the_checkpoint_lacks_stays_undefined(notebook, tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ ACTIONS = ("save", "restore", "list", "auto")
 # The options each use of the magic takes; any other option given is refused.
 OPTIONS = {
     "save": {"folder", "step", "tag", "background"},
-    "restore": {"folder", "which", "strict"},
+    "restore": {"folder", "which", "strict", "best_by"},
     "list": {"folder"},
     "auto": {"folder", "every"},
     "auto --off": {"off"},
@@ -44,6 +44,16 @@ OPTIONS = {
 AUTO_EVERY = "10m"
 # The runtime's words for its parameters, and this magic's for the same choice.
 SPELLINGS = {"strict=False": "--no-strict", "which='best'": "--from best"}
+WORDS = {"best": "--from best", "best_by": "--best-by METRIC[:min|max]"}
+
+
+def ranking(text: str) -> tuple[str, str]:
+    """An argparse type: ``val_loss`` or ``val_loss:min`` (lower is better; the default),
+    ``val_acc:max``."""
+    metric, _, mode = text.partition(":")
+    if not metric or mode not in ("", "min", "max"):
+        raise argparse.ArgumentTypeError(f"give METRIC, METRIC:min or METRIC:max, not {text!r}")
+    return metric, mode or "min"
 
 
 def step_number(text: str) -> int:
@@ -92,6 +102,9 @@ class CheckpointMagics(Magics):
               help="copy the state and write it in the background (save)")
     @argument("--from", dest="which",
               help="latest (default), a step number, or a tag (restore)")
+    @argument("--best-by", type=ranking, metavar="METRIC[:min|max]",
+              help="with --from best: the metric that ranks the checkpoints, lower is better "
+                   "unless :max (default: the keep_best rule they were saved with)")
     @argument("--no-strict", dest="strict", action="store_false",
               help="restore what the checkpoint holds and skip the rest: missing "
                    "variables, and module keys missing or unexpected (restore)")
@@ -130,6 +143,7 @@ class CheckpointMagics(Magics):
 
             %checkpoint restore model optimizer scheduler
             %checkpoint restore model --from before-finetune
+            %checkpoint restore model --from best --best-by val_loss
             %checkpoint restore model optimizer --no-strict
 
         Without ``--dir``, checkpoints go to ``<persistent folder>/checkpoints/<notebook>``,
@@ -149,7 +163,7 @@ class CheckpointMagics(Magics):
         """
         args = parse_line(self.checkpoint, line)
         from ipycloud.runtime.checkpoint import CheckpointError
-        from ipycloud.runtime.messages import one_line
+        from ipycloud.runtime.messages import in_words
 
         use = "auto --off" if args.action == "auto" and args.off else args.action
         refuse_options(self.checkpoint, args, OPTIONS[use], use)
@@ -158,7 +172,7 @@ class CheckpointMagics(Magics):
         try:
             return actions[args.action](args)
         except (CheckpointError, ValueError, ImportError) as error:
-            text = one_line(error)
+            text = in_words(error, WORDS)
             for python, option in SPELLINGS.items():
                 text = text.replace(python, option)
             remedy = storage_remedy(error, "--dir")
@@ -192,7 +206,9 @@ class CheckpointMagics(Magics):
         manager = self._existing_manager(args.folder)
         chosen = args.which or "latest"
         which: str | int = int(chosen) if chosen.isdecimal() else chosen
-        info = manager.load(state, which, strict=args.strict)
+        if args.best_by and which != "best":
+            raise UsageError("%checkpoint restore: --best-by goes with --from best")
+        info = manager.load(state, which, strict=args.strict, best_by=args.best_by)
         restored = [name for name in state if name in info.objects]
         # plain values come back as new objects, defined or not before
         self._ipython.user_ns.update({name: state[name] for name in restored})
