@@ -240,6 +240,8 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("auto", "name the variables to save"),
         ("auto model --every soon", "'soon' is not a duration"),
         ("auto model --every -5m", "%checkpoint: argument --every: '-5m' is not a duration"),
+        ("auto model --every 99999999999h", "%checkpoint: argument --every: '99999999999h' is "
+                                            "longer than 30 days: give at most 30d"),
         ("auto nothing_here", "no variable named 'nothing_here'"),
     ],
 )

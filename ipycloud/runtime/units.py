@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 NA = "n/a"
+MAX_DURATION_S = 30 * 86400  # what a duration given as text may be at most: 30 days
 
 
 def counted(number: int, noun: str, plural: str | None = None) -> str:
@@ -52,7 +53,8 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``2d``; ValueError otherwise."""
+    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``2d``, up to MAX_DURATION_S;
+    ValueError otherwise."""
     cleaned = text.strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", cleaned):
         seconds = float(cleaned)
@@ -63,6 +65,9 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a duration: write it like 90s, 10m, 1h30m or 2d")
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{text!r} is longer than {MAX_DURATION_S // 86400:.0f} days: give at "
+                         f"most {MAX_DURATION_S // 86400:.0f}d")
     return seconds
 
 
