@@ -273,8 +273,26 @@ def test_text_view_and_live_refusal_without_ipywidgets(magic_shell, monkeypatch)
         magic_shell.run_line_magic("dashboard", "--interval 0.5")
     assert str(caught.value) == (
         "%dashboard: ipywidgets is required for this feature: pip install 'ipycloud[widgets]'; "
-        "or run %dashboard --text for a one-shot text view")
+        "or run %dashboard --text for a one-shot text view (%dashboard --text --cells also "
+        "records each cell)")
     assert not shared_sampler().running
+
+
+def test_without_ipywidgets_the_cells_table_leads_to_a_line_that_works(
+        magic_shell, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if it were not installed
+    with pytest.raises(UsageError) as caught:
+        magic_shell.run_line_magic("dashboard", "cells")
+    assert str(caught.value) == ("%dashboard cells: no cells recorded: start recording with "
+                                 "%dashboard --text --cells")
+    magic_shell.run_line_magic("dashboard", "--text --cells")
+    empty = magic_shell.run_line_magic("dashboard", "cells")
+    assert str(empty) == ("no cells recorded yet: start recording with %dashboard --text "
+                          "--cells, then run cells")
+    magic_shell.run_cell("x = 1")
+    table = str(magic_shell.run_line_magic("dashboard", "cells")).splitlines()
+    assert table[1].split()[:4] == ["[1]", "x", "=", "1"]
+    magic_shell.run_line_magic("dashboard", "stop")
 
 
 def test_a_terminal_ipython_is_told_to_use_the_text_view() -> None:

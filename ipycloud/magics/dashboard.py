@@ -160,7 +160,8 @@ class DashboardMagics(Magics):
             require("ipywidgets", "widgets")
         except ImportError as error:
             raise UsageError(f"%dashboard: {error}; or run %dashboard --text for a one-shot "
-                             "text view") from None
+                             "text view (%dashboard --text --cells also records each cell)"
+                             ) from None
         from ipycloud.widgets.dashboard import live_dashboard
 
         dashboard = live_dashboard(interval, history)
@@ -187,9 +188,19 @@ class DashboardMagics(Magics):
         self._recorder.start()
 
     def _cells(self, args: argparse.Namespace) -> Any:
+        start = self._start_recording()
         if self._recorder is None:
-            raise ValueError("no cells recorded: start recording with %dashboard --cells")
-        return self._recorder.table(start_hint="%dashboard --cells")
+            raise ValueError(f"no cells recorded: start recording with {start}")
+        return self._recorder.table(start_hint=start)
+
+    def _start_recording(self) -> str:
+        """The line that starts recording cells here: ``%dashboard --cells`` where the live
+        view shows (ipywidgets, or Colab's page), else ``%dashboard --text --cells``."""
+        from ipycloud.magics.dashboard_web import on_colab
+        from ipycloud.runtime._optional import is_available
+
+        live = on_colab() or (is_available("ipywidgets") and not _in_terminal(self.shell))
+        return "%dashboard --cells" if live else "%dashboard --text --cells"
 
     def _report(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.machine.report import JsonReport
