@@ -29,7 +29,7 @@ from ipycloud.runtime.monitor.readings import DANGER_AT, WARNING_AT, level, read
 from ipycloud.runtime.monitor.sampler import DEFAULT_INTERVAL_S, Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
 from ipycloud.runtime.monitor.textview import text_view
-from ipycloud.runtime.monitor.usage import shared_tracker
+from ipycloud.runtime.monitor.usage import shared_tracker, usage_report
 from ipycloud.runtime.monitor.usage_report import UsageReport
 from ipycloud.widgets.dashboard import Dashboard
 from ipycloud.widgets.sparkline import HEIGHT, WIDTH, Trace, sparkline_svg
@@ -359,6 +359,10 @@ def test_the_report_as_text_json_and_csv(magic_shell, tmp_path: Path) -> None:
     report = magic_shell.run_line_magic("dashboard", "report")
     assert isinstance(report, UsageReport) and report.samples >= 3
     assert str(report).startswith("Session ")
+    assert report.cost is None  # this machine is no instance of the price table
+    instance = next(line for line in str(report).splitlines() if line.startswith("Instance"))
+    assert instance.endswith("; pass --instance KEY with a key of the price table")
+    assert "; pass instance= with a key of the price table" in str(usage_report())  # Python's
     as_json = magic_shell.run_line_magic("dashboard", "report --json")
     assert as_json.data == report.to_dict() == json.loads(str(as_json))
     notice = str(magic_shell.run_line_magic("dashboard", f"report --csv {tmp_path / 'u.csv'}"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -209,7 +210,8 @@ class DashboardMagics(Magics):
         if args.json and args.csv:
             raise ValueError("--json and --csv do not go together: pick one")
         try:
-            report = usage_report(instance=args.instance)
+            report = replace(usage_report(instance=args.instance),
+                             instance_option="--instance KEY")
         except NoSamplesError:
             raise ValueError(NO_SAMPLES) from None
         if args.csv:
