@@ -228,6 +228,8 @@ class CheckpointTable:
         return f" ({', '.join(notes)})" if notes else ""
 
     def __str__(self) -> str:
+        if not self.infos:
+            return f"no checkpoints in {self.directory}"
         title = f"{counted(len(self.infos), 'checkpoint')} in {self.directory}"
         return "\n".join([title, *aligned_lines(*self.table())])
 
@@ -236,6 +238,8 @@ class CheckpointTable:
 
     def _repr_html_(self) -> str:
         folder = html.escape(str(self.directory))
+        if not self.infos:
+            return f"<p>no checkpoints in <code>{folder}</code></p>"
         return (f"<p>{counted(len(self.infos), 'checkpoint')} in <code>{folder}</code></p>"
                 + html_table(self.table()))
 
