@@ -12,6 +12,8 @@ from ipycloud.runtime.units import counted
 if TYPE_CHECKING:
     from ipycloud.runtime.machine.nvml import GpuInfo
 
+XLA_INSTALL = "pip install 'ipycloud[xla]', then device='auto' or 'xla'"
+
 
 @dataclass(frozen=True)
 class DeviceChoice:
@@ -33,11 +35,12 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     if device != "auto":
         try:
             chosen = torch.device(device) if not isinstance(device, torch.device) else device
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N', 'mps' or a "
-                             f"torch.device, not {device!r}") from error
+        except (RuntimeError, TypeError):
+            raise ValueError(_not_a_device(device)) from None
         if chosen.type == "cuda":
             _check_cuda(chosen)
+        if chosen.type == "xla" and not xla_available():
+            raise ValueError(f"device={str(chosen)!r} needs torch_xla: {XLA_INSTALL}")
         return DeviceChoice(chosen, chosen.type, "as requested")
     gpus = usable_gpus()
     if gpus:
@@ -52,6 +55,15 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
               if torch.version.cuda is None and _visible_gpus()
               else "no GPU visible, no torch_xla, no MPS")
     return DeviceChoice(torch.device("cpu"), "cpu", reason)
+
+
+def _not_a_device(device: Any) -> str:
+    """What to give instead of ``device``, which torch does not read as a device."""
+    accepted = ("device must be 'auto', 'cpu', 'cuda', 'cuda:N', 'mps', 'xla' or a "
+                f"torch.device, not {device!r}")
+    if isinstance(device, str) and device.lower().startswith("tpu"):
+        return f"{accepted}: a TPU is an XLA device, reached through torch_xla ({XLA_INSTALL})"
+    return accepted
 
 
 def _check_cuda(device: Any) -> None:
