@@ -163,11 +163,13 @@ def _mount_drive(platform: Platform, force: bool, timeout_s: float) -> Path:
         drive.mount(str(mount_point), force_remount=force or state == "stale",
                     timeout_ms=int(timeout_s * 1000))
     except Exception as error:  # Colab raises ValueError or TimeoutError with its reason
-        raise MountError(f"mounting Drive at {mount_point} failed ({one_line(error)}): run "
-                         "the cell again and accept the authorisation, or use "
-                         "force=True") from error
+        raise worded(MountError, "mounting Drive at {mount_point} failed ({reason}): run the "
+                     "cell again and accept the authorisation, or use {force}",
+                     mount_point=str(mount_point), reason=one_line(error),
+                     force="force=True") from error
     if _drive_state(my_drive) != "healthy":
-        raise MountError(f"Drive was mounted but {my_drive} is not readable: try force=True")
+        raise worded(MountError, "Drive was mounted but {my_drive} is not readable: try {force}",
+                     my_drive=str(my_drive), force="force=True")
     return my_drive
 
 
