@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -127,6 +128,15 @@ def test_default_folder_is_under_the_platform_persistent_folder(notebook,
                                                                 plain_machine: Path) -> None:
     info = notebook.run_line_magic("checkpoint", "save model")
     assert info.directory == plain_machine / "checkpoints" / "default"
+
+
+def test_where_nothing_persists_the_warning_names_dir(notebook, plain_machine: Path,
+                                                     monkeypatch) -> None:
+    monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/example/repo")
+    with pytest.warns(CheckpointWarning) as warned, contextlib.suppress(UsageError):
+        notebook.run_line_magic("checkpoint", "list")  # reads; writes nothing
+    assert str(warned[0].message) == ("nothing survives a Binder session: checkpoints go to "
+                                      "/tmp; download them or pass --dir")
 
 
 @pytest.mark.parametrize(("variable", "value", "folder"), [

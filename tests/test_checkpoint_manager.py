@@ -645,7 +645,8 @@ def test_a_platform_where_nothing_persists_warns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     platform_neutral_env(monkeypatch, tmp_path)
     monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/example/repo")
-    with pytest.warns(CheckpointWarning, match="nothing survives a Binder session"):
+    with pytest.warns(CheckpointWarning, match="nothing survives a Binder session: .*; "
+                      "download them or pass directory=$"):
         manager = CheckpointManager()
     assert manager.directory == Path("/tmp/checkpoints/default")  # Binder's scratch disk
 

@@ -320,7 +320,7 @@ class CheckpointMagics(Magics):
         if folder:
             return Path(folder)
         if not self.directory:
-            return default_directory(self._notebook())
+            return default_directory(self._notebook(), option="--dir")
         try:
             return Path(expand_home(self.directory))
         except ValueError as error:

@@ -616,20 +616,21 @@ def check_keep_last(keep_last: int | None) -> None:
         raise ValueError(f"keep_last must be a positive integer or None, not {keep_last!r}")
 
 
-def default_directory(run: str) -> Path:
-    """``<persistent folder>/checkpoints/<run>`` for this platform."""
+def default_directory(run: str, option: str = "directory=") -> Path:
+    """``<persistent folder>/checkpoints/<run>`` for this platform; ``option`` is how the
+    caller's reader names another folder (a magic: ``--dir``)."""
     from ipycloud.runtime.machine.platform import detect_platform
 
     platform = detect_platform()
     if platform.persistent_dir is None:
         warnings.warn(f"nothing survives a {platform.name} session: checkpoints go to "
-                      f"{platform.scratch_dir}; download them or pass directory=",
+                      f"{platform.scratch_dir}; download them or pass {option}",
                       CheckpointWarning, stacklevel=3)
         return platform.scratch_dir / "checkpoints" / run
     if not platform.persistent_dir.is_dir():
         raise CheckpointError(f"the persistent folder {platform.persistent_dir} of "
                               f"{platform.name} does not exist: mount it first, or pass "
-                              "directory=")
+                              f"{option}")
     return platform.persistent_dir / "checkpoints" / run
 
 
