@@ -236,9 +236,9 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("list model", "%checkpoint list takes no variable names"),
         ("restore model --dir {tmp}/one --from 7", "no checkpoint of step 7"),
         ("restore model --dir {tmp}/one --from ²", "no checkpoint tagged or named '²'"),
-        ("restore model --dir {tmp}/one --from best", "%checkpoint restore: --from best needs "
-                                                      "the metric to rank by: pass --best-by "
-                                                      "METRIC[:min|max], as no checkpoint in "),
+        ("restore model --dir {tmp}/one --from best", "%checkpoint restore: --from best ranks "
+                                                      "checkpoints by a metric, and no "
+                                                      "checkpoint in "),
         ("restore model --dir {tmp}/one --best-by loss", "--best-by goes with --from best"),
         ("restore model --dir {tmp}/one --from best --best-by loss:up",
          "argument --best-by: give METRIC, METRIC:min or METRIC:max, not 'loss:up'"),
@@ -341,6 +341,12 @@ def test_best_by_picks_the_best_checkpoint_by_a_metric(notebook, tmp_path: Path)
     manager = CheckpointManager(folder, keep_last=None)
     for step, loss in ((1, 0.5), (2, 0.2), (3, 0.9)):
         manager.save({"epoch": step}, step=step, metrics={"val_loss": loss})
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"restore epoch --dir {folder} --from best")
+    assert str(caught.value) == (f"%checkpoint restore: --from best needs the metric to rank "
+                                 f"by: pass --best-by METRIC[:min|max], as no checkpoint in "
+                                 f"{folder} was saved with a keep_best rule (metrics saved: "
+                                 "val_loss)")
     for ranking, step in (("val_loss", 2), ("val_loss:min", 2), ("val_loss:max", 3)):
         notice = notebook.run_line_magic("checkpoint", f"restore epoch --dir {folder} "
                                                        f"--from best --best-by {ranking}")

@@ -590,13 +590,17 @@ class CheckpointManager:
         if self.keep_best is not None:
             return self.keep_best
         recorded = next((info.keep_best for info in reversed(infos) if info.keep_best), None)
+        saved = ", ".join(sorted({key for info in infos for key in info.metrics}))
+        if recorded is None and not saved:
+            raise worded(CheckpointError, "{best} ranks checkpoints by a metric, and no "
+                         "checkpoint in {folder} has one: restore the latest, a step or a tag",
+                         best="which='best'", folder=str(self.directory))
         if recorded is None:
-            saved = ", ".join(sorted({key for info in infos for key in info.metrics}))
             raise worded(CheckpointError, "{best} needs the metric to rank by: pass "
                          "{best_by}, as no checkpoint in {folder} was saved with a keep_best "
                          "rule (metrics saved: {saved})", best="which='best'",
                          best_by="best_by=(metric, 'min' or 'max')", folder=str(self.directory),
-                         saved=saved or "none")
+                         saved=saved)
         return _keep_best_rule(tuple(recorded))
 
     def _damaged(self, info: CheckpointInfo, problem: str, which: Which) -> None:
