@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -65,7 +66,7 @@ def test_save_list_restore_round_trip(notebook, tmp_path: Path) -> None:
 
     table = notebook.run_line_magic("checkpoint", f"list --dir {folder}")
     text = str(table)
-    assert text.splitlines()[0] == f"1 checkpoint(s) in {folder}"
+    assert text.splitlines()[0] == f"1 checkpoint in {folder}"
     assert "step-000000100 (latest)" in text
     assert "<table>" in table._repr_html_()
 
@@ -127,6 +128,15 @@ def test_default_folder_is_under_the_platform_persistent_folder(notebook,
                                                                 plain_machine: Path) -> None:
     info = notebook.run_line_magic("checkpoint", "save model")
     assert info.directory == plain_machine / "checkpoints" / "default"
+
+
+def test_where_nothing_persists_the_warning_names_dir(notebook, plain_machine: Path,
+                                                     monkeypatch) -> None:
+    monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/example/repo")
+    with pytest.warns(CheckpointWarning) as warned, contextlib.suppress(UsageError):
+        notebook.run_line_magic("checkpoint", "list")  # reads; writes nothing
+    assert str(warned[0].message) == ("nothing survives a Binder session: checkpoints go to "
+                                      "/tmp; download them or pass --dir")
 
 
 @pytest.mark.parametrize(("variable", "value", "folder"), [
@@ -226,8 +236,12 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("list model", "%checkpoint list takes no variable names"),
         ("restore model --dir {tmp}/one --from 7", "no checkpoint of step 7"),
         ("restore model --dir {tmp}/one --from ²", "no checkpoint tagged or named '²'"),
-        ("restore model --dir {tmp}/one --from best", "%checkpoint restore: --from best needs "
-                                                      "keep_best=(metric, 'min' or 'max')"),
+        ("restore model --dir {tmp}/one --from best", "%checkpoint restore: --from best ranks "
+                                                      "checkpoints by a metric, and no "
+                                                      "checkpoint in "),
+        ("restore model --dir {tmp}/one --best-by loss", "--best-by goes with --from best"),
+        ("restore model --dir {tmp}/one --from best --best-by loss:up",
+         "argument --best-by: give METRIC, METRIC:min or METRIC:max, not 'loss:up'"),
         ("restore model epoch --dir {tmp}/one", "the checkpoint has no 'epoch' (it holds "
                                                 "'model'); pass --no-strict to restore the rest"),
         ("restore optimizer --dir {tmp}/one --from model", "no checkpoint tagged or named"),
@@ -236,6 +250,8 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
         ("auto", "name the variables to save"),
         ("auto model --every soon", "'soon' is not a duration"),
         ("auto model --every -5m", "%checkpoint: argument --every: '-5m' is not a duration"),
+        ("auto model --every 99999999999h", "%checkpoint: argument --every: '99999999999h' is "
+                                            "longer than 30 days: give at most 30d"),
         ("auto nothing_here", "no variable named 'nothing_here'"),
     ],
 )
@@ -307,6 +323,63 @@ def test_no_strict_restores_what_the_checkpoint_holds(notebook, tmp_path: Path) 
     assert notebook.user_ns["epoch"] == 9
 
 
+def test_plain_values_come_back_into_the_notebook_even_when_not_defined(
+        notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "my runs"
+    notebook.run_cell("history = {'loss': [0.5, 0.25]}; seen = [1, 2]")
+    notebook.run_line_magic("checkpoint", f"save model epoch history seen --dir '{folder}'")
+    notebook.run_cell("del epoch, history, seen")
+    notice = notebook.run_line_magic("checkpoint", f"restore epoch history seen --dir '{folder}'")
+    assert str(notice).startswith("restored epoch, history, seen from checkpoint ")
+    assert notebook.user_ns["epoch"] == 3
+    assert notebook.user_ns["history"] == {"loss": [0.5, 0.25]}
+    assert notebook.user_ns["seen"] == [1, 2]
+
+
+def test_best_by_picks_the_best_checkpoint_by_a_metric(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ranked"
+    manager = CheckpointManager(folder, keep_last=None)
+    for step, loss in ((1, 0.5), (2, 0.2), (3, 0.9)):
+        manager.save({"epoch": step}, step=step, metrics={"val_loss": loss})
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"restore epoch --dir {folder} --from best")
+    assert str(caught.value) == (f"%checkpoint restore: --from best needs the metric to rank "
+                                 f"by: pass --best-by METRIC[:min|max], as no checkpoint in "
+                                 f"{folder} was saved with a keep_best rule (metrics saved: "
+                                 "val_loss)")
+    for ranking, step in (("val_loss", 2), ("val_loss:min", 2), ("val_loss:max", 3)):
+        notice = notebook.run_line_magic("checkpoint", f"restore epoch --dir {folder} "
+                                                       f"--from best --best-by {ranking}")
+        assert str(notice).startswith(f"restored epoch from checkpoint step-00000000{step}:")
+        assert notebook.user_ns["epoch"] == step
+
+
+def test_a_name_the_checkpoint_lacks_stays_undefined(notebook, tmp_path: Path) -> None:
+    folder = tmp_path / "ckpt"
+    notebook.run_line_magic("checkpoint", f"save model --dir {folder}")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"restore model lr --dir {folder}")
+    assert str(caught.value) == ("%checkpoint restore: the checkpoint has no 'lr' (it holds "
+                                 "'model'); pass --no-strict to restore the rest")
+    notice = notebook.run_line_magic("checkpoint", f"restore model lr --dir {folder} "
+                                                   "--no-strict")
+    assert str(notice).endswith("; not in it, still undefined: lr")
+    assert "lr" not in notebook.user_ns
+
+
+@pytest.mark.parametrize("name", ["model", "optimizer", "scheduler"])
+def test_an_objects_state_needs_the_live_object(notebook, tmp_path: Path, name) -> None:
+    folder = tmp_path / "ckpt"
+    notebook.run_line_magic("checkpoint", f"save model optimizer scheduler epoch --dir {folder}")
+    notebook.run_cell(f"del {name}; epoch = 8")
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", f"restore {name} epoch --dir {folder}")
+    assert str(caught.value) == (f"%checkpoint restore: cannot restore {name!r}: the "
+                                 "checkpoint holds an object's state_dict(), which goes into "
+                                 f"a live object: create {name} first, then restore")
+    assert name not in notebook.user_ns and notebook.user_ns["epoch"] == 8
+
+
 def test_a_module_of_other_keys_names_the_magic_option(notebook, tmp_path: Path) -> None:
     folder = tmp_path / "ckpt"
     notebook.run_cell("head = torch.nn.Linear(4, 8)")
@@ -364,11 +437,13 @@ ACTIONS_ON_A_FOLDER = ["save model", "save model --async", "restore model", "lis
 
 
 @pytest.mark.parametrize("line", ACTIONS_ON_A_FOLDER)
-def test_a_file_given_as_the_folder_is_one_line(notebook, tmp_path: Path, line) -> None:
+@pytest.mark.parametrize("below", ["", "/runs", "/runs/v 2"])
+def test_a_file_given_as_the_folder_is_one_line(notebook, tmp_path: Path, line,
+                                                below) -> None:
     file = tmp_path / "notes 'v1'.txt"
     file.write_text("mine")
     with pytest.raises(UsageError) as caught:
-        notebook.run_line_magic("checkpoint", f"{line} --dir {shlex.quote(str(file))}")
+        notebook.run_line_magic("checkpoint", f"{line} --dir {shlex.quote(str(file) + below)}")
     assert str(caught.value) == (f"%checkpoint {line.split()[0]}: {file} is a file, not a "
                                  "folder; give a folder with --dir")
     assert file.read_text() == "mine" and list(tmp_path.iterdir()) == [file]

@@ -224,14 +224,28 @@ def test_best_without_a_metric_to_rank_by_is_a_one_line_error(tmp_path: Path) ->
     folder = tmp_path / "run"
     CheckpointManager(folder).save({"step": 1}, step=1, metrics={"loss": 0.5})
     state: dict[str, Any] = {"step": None}
-    with pytest.raises(CheckpointError, match=r"^which='best' needs keep_best=\(metric, 'min' "
-                       r"or 'max'\): this manager has none, and no checkpoint in .* was "
-                       r"saved with one$"):
+    with pytest.raises(CheckpointError, match=r"^which='best' needs the metric to rank by: "
+                       r"pass best_by=\(metric, 'min' or 'max'\), as no checkpoint in .* was "
+                       r"saved with a keep_best rule \(metrics saved: loss\)$"):
         CheckpointManager(folder).load(state, which="best")
-    with pytest.raises(CheckpointError, match=r"^no checkpoint in .* has the metric 'val_loss' "
-                       r"that keep_best ranks by \(metrics saved: loss\)$"):
-        CheckpointManager(folder, keep_best=("val_loss", "min")).load(state, which="best")
+    for manager, best_by in ((CheckpointManager(folder, keep_best=("val_loss", "min")), None),
+                             (CheckpointManager(folder), ("val_loss", "min"))):
+        with pytest.raises(CheckpointError, match=r"^no checkpoint in .* has the metric "
+                           r"'val_loss' that 'best' is ranked by \(metrics saved: loss\)$"):
+            manager.load(state, which="best", best_by=best_by)
     assert state["step"] is None
+
+
+def test_best_by_ranks_without_a_keep_best_rule(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    manager = CheckpointManager(folder, keep_last=None)
+    for step, loss in ((1, 0.5), (2, 0.2), (3, 0.9)):
+        manager.save({"step": step}, step=step, metrics={"val_loss": loss})
+    state: dict[str, Any] = {"step": None}
+    assert manager.load(state, which="best", best_by=("val_loss", "min")).step == 2
+    assert state["step"] == 2
+    assert manager.load(state, which="best", best_by=("val_loss", "max")).step == 3
+    assert state["step"] == 3
 
 
 @pytest.mark.parametrize("keep_best", [("val_loss",), ("val_loss", "low"),
@@ -631,7 +645,8 @@ def test_a_platform_where_nothing_persists_warns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     platform_neutral_env(monkeypatch, tmp_path)
     monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/example/repo")
-    with pytest.warns(CheckpointWarning, match="nothing survives a Binder session"):
+    with pytest.warns(CheckpointWarning, match="nothing survives a Binder session: .*; "
+                      "download them or pass directory=$"):
         manager = CheckpointManager()
     assert manager.directory == Path("/tmp/checkpoints/default")  # Binder's scratch disk
 

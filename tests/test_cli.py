@@ -139,7 +139,7 @@ def test_checkpoint_list_shows_the_magics_table(shell, checkpoints: Path) -> Non
     assert result.returncode == 0, result.stderr
     magic = shell.run_line_magic("checkpoint", f"list --dir {shlex.quote(str(checkpoints))}")
     assert result.stdout == f"{magic}\n"
-    assert result.stdout.splitlines()[0] == f"2 checkpoint(s) in {checkpoints}"
+    assert result.stdout.splitlines()[0] == f"2 checkpoints in {checkpoints}"
     assert "step-000000020-final (latest)" in result.stdout
 
 
@@ -160,6 +160,23 @@ def test_checkpoint_list_of_a_missing_folder_exits_1_with_one_line(tmp_path: Pat
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == (f"ipycloud checkpoint list: no checkpoint folder at "
                              f"{tmp_path / 'none here'}\n")
+
+
+def test_checkpoint_list_of_an_empty_folder_says_so(tmp_path: Path) -> None:
+    folder = tmp_path / "no runs 'yet'"
+    folder.mkdir()
+    result = run("checkpoint", "list", str(folder))
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, f"no checkpoints in {folder}\n", "")
+
+
+@pytest.mark.parametrize("below", ["", "/runs"])
+def test_checkpoint_list_of_a_file_says_it_is_one(tmp_path: Path, below: str) -> None:
+    file = tmp_path / "notes 'v1'.txt"
+    file.write_text("mine")
+    result = run("checkpoint", "list", f"{file}{below}")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"ipycloud checkpoint list: {file} is a file, not a folder\n"
 
 
 def test_sync_copies_what_changed_and_deletes_only_when_asked(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from ipycloud.runtime.monitor.readings import DANGER_AT, WARNING_AT, level, read
 from ipycloud.runtime.monitor.sampler import DEFAULT_INTERVAL_S, Sampler, shared_sampler
 from ipycloud.runtime.monitor.samples import DiskSample, GpuSample, Sample
 from ipycloud.runtime.monitor.textview import text_view
-from ipycloud.runtime.monitor.usage import shared_tracker
+from ipycloud.runtime.monitor.usage import shared_tracker, usage_report
 from ipycloud.runtime.monitor.usage_report import UsageReport
 from ipycloud.widgets.dashboard import Dashboard
 from ipycloud.widgets.rows import TEXT_WIDTH
@@ -298,8 +298,26 @@ def test_text_view_and_live_refusal_without_ipywidgets(magic_shell, monkeypatch)
         magic_shell.run_line_magic("dashboard", "--interval 0.5")
     assert str(caught.value) == (
         "%dashboard: ipywidgets is required for this feature: pip install 'ipycloud[widgets]'; "
-        "or run %dashboard --text for a one-shot text view")
+        "or run %dashboard --text for a one-shot text view (%dashboard --text --cells also "
+        "records each cell)")
     assert not shared_sampler().running
+
+
+def test_without_ipywidgets_the_cells_table_leads_to_a_line_that_works(
+        magic_shell, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # as if it were not installed
+    with pytest.raises(UsageError) as caught:
+        magic_shell.run_line_magic("dashboard", "cells")
+    assert str(caught.value) == ("%dashboard cells: no cells recorded: start recording with "
+                                 "%dashboard --text --cells")
+    magic_shell.run_line_magic("dashboard", "--text --cells")
+    empty = magic_shell.run_line_magic("dashboard", "cells")
+    assert str(empty) == ("no cells recorded yet: start recording with %dashboard --text "
+                          "--cells, then run cells")
+    magic_shell.run_cell("x = 1")
+    table = str(magic_shell.run_line_magic("dashboard", "cells")).splitlines()
+    assert table[1].split()[:4] == ["[1]", "x", "=", "1"]
+    magic_shell.run_line_magic("dashboard", "stop")
 
 
 def test_a_terminal_ipython_is_told_to_use_the_text_view() -> None:
@@ -340,18 +358,18 @@ def test_the_magic_shows_a_live_panel_records_cells_and_stops(magic_shell) -> No
     assert "x = sum(range(10**6))" in str(table)
 
     notice = str(magic_shell.run_line_magic("dashboard", "stop"))
-    assert notice.startswith("stopped 1 dashboard(s) and per-cell recording")
+    assert notice.startswith("stopped 1 dashboard and per-cell recording")
     assert not dashboard.active and dashboard.status.value == "stopped"
     wait_for(lambda: not shared_sampler().running)
     assert str(magic_shell.run_line_magic("dashboard", "stop")).startswith(
-        "stopped 0 dashboard(s);")
+        "stopped 0 dashboards;")
 
 
 def test_stopping_the_dashboards_leaves_usage_recording_on(magic_shell) -> None:
     magic_shell.run_line_magic("config", "UsageRecording.enabled = True")
     magic_shell.run_line_magic("dashboard", "--interval 0.1")
     notice = str(magic_shell.run_line_magic("dashboard", "stop"))
-    assert notice == ("stopped 1 dashboard(s); usage recording goes on once a second "
+    assert notice == ("stopped 1 dashboard; usage recording goes on once a second "
                       "(%config UsageRecording.enabled = False stops it)")
     assert shared_sampler().running and shared_sampler().subscribers == 1
     assert shared_sampler().interval == DEFAULT_INTERVAL_S  # the session's own pace again
@@ -367,6 +385,10 @@ def test_the_report_as_text_json_and_csv(magic_shell, tmp_path: Path) -> None:
     report = magic_shell.run_line_magic("dashboard", "report")
     assert isinstance(report, UsageReport) and report.samples >= 3
     assert str(report).startswith("Session ")
+    assert report.cost is None  # this machine is no instance of the price table
+    instance = next(line for line in str(report).splitlines() if line.startswith("Instance"))
+    assert instance.endswith("; pass --instance KEY with a key of the price table")
+    assert "; pass instance= with a key of the price table" in str(usage_report())  # Python's
     as_json = magic_shell.run_line_magic("dashboard", "report --json")
     assert as_json.data == report.to_dict() == json.loads(str(as_json))
     notice = str(magic_shell.run_line_magic("dashboard", f"report --csv {tmp_path / 'u.csv'}"))
@@ -406,6 +428,18 @@ def test_the_csv_report_replaces_no_folder_device_or_pipe(recorded, tmp_path: Pa
                                      "with --csv")
     assert stat.S_ISFIFO(pipe.lstat().st_mode) and folder.is_dir()
     assert sorted(tmp_path.iterdir()) == [pipe, folder]
+
+
+@pytest.mark.parametrize("below", ["", "/reports"])
+def test_a_csv_below_a_file_is_one_line(recorded, tmp_path: Path, below) -> None:
+    file = tmp_path / "notes 'v1'.txt"
+    file.write_text("mine")
+    target = f"{file}{below}/u.csv"
+    with pytest.raises(UsageError) as caught:
+        recorded.run_line_magic("dashboard", f"report --csv {shlex.quote(target)}")
+    assert str(caught.value) == (f"%dashboard report: cannot write {target}: {file} is a "
+                                 "file, not a folder; give another with --csv")
+    assert file.read_text() == "mine" and list(tmp_path.iterdir()) == [file]
 
 
 def test_a_csv_name_too_long_is_one_line(recorded, tmp_path: Path) -> None:
@@ -495,7 +529,7 @@ def test_the_dashboard_in_a_real_kernel(tmp_path: Path) -> None:
     assert shown["model_id"] in state  # the panel the client was shown
     ram_label = state[result["ram_model"]]["state"]["value"]  # updates reached the client
     assert ram_label != first["rss"] and "this kernel" in ram_label
-    assert outputs(cells[4])["text/plain"].startswith("stopped 1 dashboard(s)")
+    assert outputs(cells[4])["text/plain"].startswith("stopped 1 dashboard")
 
 
 def test_widgets_only_come_from_the_first_reading(sampler) -> None:

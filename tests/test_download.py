@@ -286,7 +286,7 @@ NEW_SHA = hashlib.sha256(NEW).hexdigest()
 def _interrupted(server: LoopbackServer, folder: Path, name: str, **faults: object) -> Served:
     """Serve DATA at ``name``, cut after 100,000 bytes; download until the cut, no retry."""
     served = server.add(name, DATA, drop_after=100_000, **faults)
-    with pytest.raises(DownloadError, match="failed after 1 attempts"):
+    with pytest.raises(DownloadError, match="failed after 1 attempt "):
         download(server.url(name), folder, retries=0, progress=False)
     assert (folder / f"{name}.part").stat().st_size == 100_000
     return served

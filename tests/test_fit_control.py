@@ -132,7 +132,7 @@ def test_early_stopping_ends_the_run_and_the_rerun_says_it_is_complete(
     _, history = run(tmp_path, epochs=6, val_data=data(), metrics={"score": score},
                      early_stop=("val_score", 2))
     assert len(history.epochs) == 4
-    assert history.stopped == ("early stop: val_score has not improved for 2 epoch(s) since "
+    assert history.stopped == ("early stop: val_score has not improved for 2 epochs since "
                                "epoch 1 (0.9) (step 16)")
     capsys.readouterr()
     _, again = run(tmp_path, epochs=6, val_data=data(), metrics={"score": score},
@@ -229,6 +229,28 @@ def test_surprises_are_one_line_errors(options: dict[str, Any], error: type,
     with pytest.raises(error) as caught:
         fit(**arguments)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["tpu", "TPU:0"])
+def test_a_tpu_asked_for_by_name_says_what_works_in_one_error(name: str) -> None:
+    model, optimizer = model_and_optimizer()
+    with pytest.raises(ValueError) as caught:
+        fit(model, optimizer, data(), device=name, progress=False)
+    assert str(caught.value) == (
+        f"device must be 'auto', 'cpu', 'cuda', 'cuda:N', 'mps', 'xla' or a torch.device, not "
+        f"{name!r}: a TPU is an XLA device, reached through torch_xla (pip install "
+        "'ipycloud[xla]', then device='auto' or 'xla')")
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # no chain
+
+
+def test_xla_without_torch_xla_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ipycloud.runtime.train import device
+
+    monkeypatch.setattr(device, "xla_available", lambda: False)
+    with pytest.raises(ValueError) as caught:
+        device.choose_device("xla")
+    assert str(caught.value) == ("device='xla' needs torch_xla: pip install 'ipycloud[xla]', "
+                                 "then device='auto' or 'xla'")
 
 
 def test_cuda_without_a_visible_gpu_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:

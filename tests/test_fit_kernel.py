@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,14 @@ torch.save(model.state_dict(), {out!r})
 """
 
 
-def interrupted(manager: Any, client: BlockingKernelClient, code: str) -> tuple[str, str]:
-    """Run ``code``, press Stop once training has begun; (its text, the error's name)."""
+def interrupted(manager: Any, client: BlockingKernelClient,
+                code: str) -> tuple[str, list[str], str]:
+    """Run ``code``, press Stop once training has begun; (its text, the name and traceback
+    lines of the error it showed, the status of its reply)."""
     message_id = client.execute(code)
-    texts, error, stopped = [], "", False
+    texts: list[str] = []
+    error: list[str] = []
+    stopped = False
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         message = client.get_iopub_msg(timeout=deadline - time.monotonic())
@@ -51,9 +56,12 @@ def interrupted(manager: Any, client: BlockingKernelClient, code: str) -> tuple[
                 manager.interrupt_kernel()
                 stopped = True
         elif message["msg_type"] == "error":
-            error = content["ename"]
+            error = [content["ename"], *content["traceback"]]
         elif message["msg_type"] == "status" and content["execution_state"] == "idle":
-            return "".join(texts), error
+            reply = client.get_shell_msg(timeout=10)
+            while reply["parent_header"].get("msg_id") != message_id:  # an earlier request's
+                reply = client.get_shell_msg(timeout=10)
+            return "".join(texts), error, reply["content"]["status"]
     raise AssertionError("the cell did not finish: " + "".join(texts))
 
 
@@ -64,11 +72,27 @@ def test_the_stop_button_pauses_fit_and_the_rerun_continues_bit_for_bit(
     whole = TRAINING_CELL.format(workers=1, folder=str(tmp_path / "whole"),
                                  out=str(tmp_path / "whole.pt"))
     with kernel(tmp_path) as (manager, client):
-        text, error = interrupted(manager, client, paused)
-        assert error == "KeyboardInterrupt"
+        text, error, status = interrupted(manager, client, paused)
+        assert status == "error" and error[0] == "FitInterrupted"
         assert "; rerun this cell to continue" in text
+        shown = re.sub(r"\x1b\[[\d;]*m", "", "\n".join(error[1:]))  # without colours
+        frames = re.findall(r"^(?:Cell In\[|File )", shown, flags=re.MULTILINE)
+        assert len(frames) == 2, shown  # the cell's and fit's: none of the loop inside
         assert not (tmp_path / "resumed.pt").exists()
         assert "resuming from" in run(client, paused)
         run(client, whole)
     assert differences(torch.load(tmp_path / "resumed.pt", weights_only=True),
                        torch.load(tmp_path / "whole.pt", weights_only=True)) == []
+
+
+def test_with_the_extension_an_interrupted_fit_ends_the_cell_with_its_line_alone(
+        tmp_path: Path) -> None:
+    cell = TRAINING_CELL.format(workers=0, folder=str(tmp_path / "run"),
+                                out=str(tmp_path / "out.pt"))
+    with kernel(tmp_path) as (manager, client):
+        run(client, "%load_ext ipycloud")
+        text, error, status = interrupted(manager, client, cell)
+    assert status == "error"  # the cell failed: Run All stops there
+    assert error == []  # no traceback
+    assert re.search(r"\nipycloud\.fit: interrupted at step \d+; rerun this cell to "
+                     r"continue\n$", text), text

@@ -396,7 +396,7 @@ def test_a_file_failing_inside_a_folder_fails_the_folder(
     top = d.add_folder("Mixed", [d.add_file("ok.txt", b"ok").id,
                                  d.add_file("no.bin", DATA, access="private").id])
     _one_line_error(f"https://drive.google.com/drive/folders/{top}", tmp_path,
-                    "1 file\\(s\\) failed to download; rerun to resume")
+                    "1 file failed to download; rerun to resume")
     assert not (tmp_path / "Mixed").exists()
 
 

@@ -36,7 +36,7 @@ def test_quoted_and_escaped_words_reach_the_magic_as_a_shell_gives_them(notebook
     notebook.run_line_magic("checkpoint", f"save model --dir {tmp_path}/my\\ ckpts --step 7")
     assert [info.step for info in CheckpointManager(spaced).list()] == [0, 7]
     table = notebook.run_line_magic("checkpoint", f"list --dir '{spaced}'")
-    assert str(table).splitlines()[0] == f"2 checkpoint(s) in {spaced}"
+    assert str(table).splitlines()[0] == f"2 checkpoints in {spaced}"
 
 
 def test_ipython_expands_variables_before_the_line_is_split(notebook, tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_quoting_help_and_mistakes_in_a_real_kernel(tmp_path: Path) -> None:
     assert CheckpointManager(folder).list()[0].tag == "first"
     assert [info.step for info in CheckpointManager(tmp_path / "with spaces").list()] == [5]
     listed = str(outputs(cells[3])["text/plain"])
-    assert listed.splitlines()[0] == f"1 checkpoint(s) in {folder}"
+    assert listed.splitlines()[0] == f"1 checkpoint in {folder}"
     assert outputs(cells[4])["stdout"].startswith("usage: %checkpoint ")
     assert outputs(cells[5]) == {"stderr": "UsageError: %checkpoint: --step does not apply to "
                                            "list (see %checkpoint? for usage)\n"}

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from ipycloud.runtime.machine.platform import Platform, detect_platform
+from ipycloud.runtime.messages import in_words
 from ipycloud.runtime.storage.mount import (
     PROJECT_FOLDERS,
     MountError,
@@ -63,6 +64,9 @@ def test_a_failed_mount_says_why_and_what_to_do(colab_drive: Any, tmp_path: Path
     message = str(caught.value)
     assert reason in message and "accept the authorisation" in message
     assert "\n" not in message
+    assert message.endswith(", or use force=True")
+    assert in_words(caught.value, {"force": "--force"}) == message.replace("force=True",
+                                                                          "--force")
 
 
 def test_a_stale_mount_is_refused_then_mended_with_force(colab_drive: Any, tmp_path: Path,
@@ -78,8 +82,9 @@ def test_a_stale_mount_is_refused_then_mended_with_force(colab_drive: Any, tmp_p
         return real_listdir(path)
 
     monkeypatch.setattr("ipycloud.runtime.storage.mount.os.listdir", listdir)
-    with pytest.raises(MountError, match=r"is stale .* mount again with force=True"):
+    with pytest.raises(MountError, match=r"is stale .* mount again with force=True$") as caught:
         mount(platform=platform)
+    assert in_words(caught.value, {"force": "--force"}).endswith(" mount again with --force")
     original_mount = colab_drive.mount
 
     def remount(*args: Any, **kwargs: Any) -> None:

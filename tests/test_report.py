@@ -78,6 +78,7 @@ def test_html_escapes_what_it_shows(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "seconds"), [
     ("90", 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("2d", 172800), (" 1.5H ", 5400),
+    ("30d", 2592000), ("720h", 2592000),
 ])
 def test_parse_duration(text, seconds) -> None:
     assert parse_duration(text) == seconds
@@ -87,3 +88,10 @@ def test_parse_duration(text, seconds) -> None:
 def test_parse_duration_refuses(text) -> None:
     with pytest.raises(ValueError, match="duration"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["30d1s", "721h", "99999999999h", "2592001"])
+def test_a_duration_past_30_days_is_refused(text) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_duration(text)
+    assert str(caught.value) == f"{text!r} is longer than 30 days: give at most 30d"

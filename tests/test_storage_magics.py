@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import re
 import shlex
 import tarfile
 import time
@@ -17,6 +18,7 @@ from IPython.core.error import UsageError
 from kaggle_server import KaggleServer, make_zip
 from waiting import wait_for
 
+from ipycloud.magics._errors import DownloadFailed
 from ipycloud.runtime.storage.background import (
     BackgroundSync,
     background_sync_of,
@@ -62,11 +64,40 @@ def test_mount_then_download_verify_and_extract_into_the_project(
 def test_a_wrong_checksum_is_one_line_and_leaves_nothing(
         shell, local_home: Path, http_server: LoopbackServer, tmp_path: Path) -> None:
     http_server.add("/file.bin", b"x" * 1000)
-    with pytest.raises(UsageError) as caught:
+    with pytest.raises(DownloadFailed) as caught:
         shell.run_line_magic("mount_storage", f"download {http_server.url('/file.bin')} "
                                               f"--sha256 {'0' * 64} --dest {tmp_path / 'd'}")
     assert "checksum mismatch" in str(caught.value) and "\n" not in str(caught.value)
     assert list((tmp_path / "d").iterdir()) == []
+
+
+def test_a_failed_download_ends_the_cell_with_one_line_of_its_own_kind(
+        shell, local_home: Path, http_server: LoopbackServer, tmp_path: Path, capsys) -> None:
+    url = http_server.url("/file.bin")
+    http_server.add("/file.bin", b"x" * 1000)
+    folder = tmp_path / "it's my data"
+    result = shell.run_cell(f"%mount_storage download {url} --sha256 {'0' * 64} "
+                            f"--dest {shlex.quote(str(folder))}")
+    assert isinstance(result.error_in_exec, DownloadFailed)
+    shown = re.sub(r"\x1b\[[\d;]*m", "", capsys.readouterr().out)  # without colours
+    assert shown.strip().splitlines() == [
+        f"DownloadFailed: %mount_storage download: {url}: checksum mismatch for file.bin: "
+        f"sha256 expected {'0' * 64}, got {hashlib.sha256(b'x' * 1000).hexdigest()}"]
+
+
+@pytest.mark.parametrize("below", ["", "/data", "/data/v 2"])
+@pytest.mark.parametrize("action", ["download {url}", "gdrive 1AbCdEfGhIjKlMnOpQrStUvWxYz"])
+def test_a_file_given_as_the_download_folder_is_one_line(
+        shell, local_home: Path, http_server: LoopbackServer, tmp_path: Path, below,
+        action) -> None:
+    file = tmp_path / "notes 'v1'.txt"
+    file.write_text("mine")
+    line = action.format(url=http_server.url("/file.bin"))
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("mount_storage", f"{line} --dest {shlex.quote(str(file) + below)}")
+    assert str(caught.value) == (f"%mount_storage {line.split()[0]}: {file} is a file, not a "
+                                 "folder; give a folder with --dest")
+    assert file.read_text() == "mine" and list(tmp_path.iterdir()) == [file]
 
 
 def test_sync_now_and_in_the_background(shell, local_home: Path, tmp_path: Path) -> None:
@@ -150,7 +181,7 @@ def test_a_failed_final_sync_on_stop_is_one_line_that_says_what_to_run(
     with pytest.raises(UsageError) as caught:
         shell.run_line_magic("mount_storage", "sync --stop")
     assert str(caught.value) == (
-        f"%mount_storage sync: stopped 1 background sync(s), but the final sync of "
+        f"%mount_storage sync: stopped 1 background sync, but the final sync of "
         f"{str(source)!r} -> {str(target)!r} failed: NotADirectoryError: [Errno 20] sync "
         f"destination {str(target)!r} is not a folder; run %mount_storage sync {source} "
         f"{shlex.quote(str(target))}")
@@ -216,31 +247,31 @@ def test_extraction_limit_is_an_option_named_in_its_error(
     assert [p.name for p in (tmp_path / "my data").iterdir()] == ["zeros.tar.gz"]
     notice = shell.run_line_magic("mount_storage", f'download {url} --dest "{tmp_path}/my data" '
                                                    "--extract --max-total-bytes 1M")
-    assert "extracted 1 files into" in str(notice)
+    assert "extracted 1 file into" in str(notice)
     assert (tmp_path / "my data/zeros/zeros.bin").read_bytes() == bytes(5000)
 
 
 @pytest.mark.parametrize(("line", "message"), [
     ("s3", "invalid choice: 's3'"),
-    ("download", "expected 1 argument(s), got nothing"),
+    ("download", "expected 1 argument, got nothing"),
     ("download ftp://example.org/x", "download:"),
     ("download not-a-url", "download:"),
-    ("sync onlyone", "expected 2 argument(s), got onlyone"),
+    ("sync onlyone", "expected 2 arguments, got onlyone"),
     ("sync {tmp}/missing {tmp}/dst", "sync:"),
     ("sync {tmp}/src {tmp}/src/inner", "sync:"),
     ("sync {tmp}/src {tmp}/dst --every soon", "'soon' is not a duration"),
     ("sync {tmp}/src {tmp}/dst --every 1m --dry-run", "--dry-run and --every do not go"),
-    ("sync", "expected 2 argument(s), got nothing; usage: %mount_storage sync SRC DST"),
-    ("sync '{tmp}/my src' --stop", "expected 0 or 2 argument(s), got '/"),  # quoted back
+    ("sync", "expected 2 arguments, got nothing; usage: %mount_storage sync SRC DST"),
+    ("sync '{tmp}/my src' --stop", "expected 0 or 2 arguments, got '/"),  # quoted back
     ("sync --stop --every 1m", "--every does not apply to sync --stop"),
     ("sync {tmp}/src {tmp}/dst --stop --dry-run", "--dry-run does not apply to sync --stop"),
     ("status --stop", "--stop does not apply to status"),
-    ("status extra", "expected 0 argument(s), got extra"),
-    ("kaggle a/b c/d", "expected 1 argument(s), got a/b c/d"),
+    ("status extra", "expected 0 arguments, got extra"),
+    ("kaggle a/b c/d", "expected 1 argument, got a/b c/d"),
     ("kaggle not/a/valid/handle", "kaggle:"),
     ("kaggle alice", "kaggle:"),
     ("kaggle --competition", "--competition does not apply to mount"),
-    ("gdrive", "expected 1 argument(s), got nothing"),
+    ("gdrive", "expected 1 argument, got nothing"),
     ("gdrive https://example.org/file/d/abc", "gdrive:"),
     ("download https://example.org/x.zip --competition", "--competition does not apply"),
     ("download https://example.org/x.zip --max-total-bytes 1G", "--max-total-bytes goes with"),
@@ -291,7 +322,7 @@ def test_gdrive_file_by_share_link_is_verified(
                                   f"gdrive {link} --sha256 {digest} --dest {tmp_path / 'w'}")
     assert isinstance(result, GdriveResult) and result.sha256 == digest
     assert (tmp_path / "w/weights.bin").read_bytes() == b"drive bytes"
-    with pytest.raises(UsageError, match="checksum mismatch") as caught:
+    with pytest.raises(DownloadFailed, match="checksum mismatch") as caught:
         shell.run_line_magic("mount_storage", f"gdrive {shared.id} --sha256 {'0' * 64} "
                                               f"--dest {tmp_path / 'bad'} --force")
     assert "\n" not in str(caught.value)
@@ -311,3 +342,18 @@ def test_a_kaggle_handle_mistake_names_the_option_in_the_magic_and_the_parameter
     assert str(in_magic.value) == (
         "%mount_storage kaggle: invalid Kaggle dataset handle 'no-owner': use OWNER/DATASET "
         "or OWNER/DATASET/versions/N (a competition: --competition)")
+
+
+def test_messages_name_the_magics_options_not_python_parameters(
+        shell, local_home: Path, gdrive_server: FakeDrive, tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as not_here:
+        shell.run_line_magic("mount_storage", "drive")
+    assert str(not_here.value).startswith("%mount_storage drive: drive storage is not "
+                                          "available on ")
+    assert str(not_here.value).endswith(": use %mount_storage auto or %mount_storage local")
+    top = gdrive_server.add_folder("Mine", [gdrive_server.add_file("a.txt", b"aa").id])
+    (tmp_path / "Mine").mkdir()
+    with pytest.raises(DownloadFailed) as taken:
+        shell.run_line_magic("mount_storage", f"gdrive https://drive.google.com/drive/folders/"
+                                              f"{top} --dest {tmp_path}")
+    assert str(taken.value).endswith(": pass --force to replace it")

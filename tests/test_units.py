@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipycloud.runtime.units import format_of, parse_size
+from ipycloud.runtime.units import counted, format_of, parse_size
 
 MIB, GIB, TIB = 2**20, 2**30, 2**40
 
@@ -40,3 +40,11 @@ def test_what_is_no_size(text: str) -> None:
 def test_a_pair_of_sizes_is_written_in_the_unit_of_its_total(
         part: int | None, total: int, relation: str, text: str) -> None:
     assert format_of(part, total, relation) == text
+
+
+@pytest.mark.parametrize(("number", "noun", "plural", "text"), [
+    (1, "file", None, "1 file"), (0, "file", None, "0 files"), (2, "file", None, "2 files"),
+    (1, "process", "processes", "1 process"), (3, "process", "processes", "3 processes"),
+])
+def test_a_count_has_its_noun_in_the_right_number(number, noun, plural, text) -> None:
+    assert counted(number, noun, plural) == text

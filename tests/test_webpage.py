@@ -355,7 +355,7 @@ def test_dashboard_web_shows_the_page_in_an_iframe(web_shell: Any) -> None:
     assert status == 200 and json.loads(body)["gpus"][0]["name"] == "Tesla T4"
 
     notice = str(web_shell.run_line_magic("dashboard", "stop"))
-    assert notice == (f"stopped 0 dashboard(s) and the dashboard page (port {url.port} "
+    assert notice == (f"stopped 0 dashboards and the dashboard page (port {url.port} "
                       "closed); the background sampler has stopped")
     assert refused(url.port or 0)
 

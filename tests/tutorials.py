@@ -29,7 +29,7 @@ EXPECTED_OUTPUT = {
     "05-monitoring.ipynb": ["resources at", "<Dashboard live, every 0.5 s", "final loss",
                             "samples so far", "this process's resident memory (RSS)",
                             "GPU-hours", "'instance': 'aws:g4dn.xlarge'",
-                            "deadline actions", "2 checkpoint(s) in guarded-checkpoints",
+                            "deadline actions", "2 checkpoints in guarded-checkpoints",
                             "usage recording goes on once a second"],
     "06-jupyterlab.ipynb": ["enabled OK (python, ipycloud)", "ipycloud.server enabled",
                             "refreshInterval (default 2, 1 to 60)",
@@ -37,11 +37,11 @@ EXPECTED_OUTPUT = {
                             "06-jupyterlab.ipynb: busy, 1 process(es), RAM ",
                             "the kernel of train.ipynb was killed by signal 9 (SIGKILL)"],
     "07-colab-workflow.ipynb": ["colab-workflow (local, kept after the session)",
-                                "extracted 1 files into ", "2048 rows: 28 training batches",
+                                "extracted 1 file into ", "2048 rows: 28 training batches",
                                 "ipycloud.fit: interrupted at step 50; rerun this cell",
                                 "step-000000050 (latest)",
                                 "resuming from step-000000050 (step 50, epoch 1, batch 22)",
-                                "History: 3 epoch(s), 84 step(s)", "colab:T4 (as given)",
+                                "History: 3 epochs, 84 steps", "colab:T4 (as given)",
                                 "Colab compute units/hour"],
 }
 

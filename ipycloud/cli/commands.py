@@ -38,7 +38,9 @@ def checkpoint_list(args: argparse.Namespace) -> int:
     """``ipycloud checkpoint list FOLDER``: the table ``%checkpoint list`` shows, or JSON."""
     try:
         from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager
+        from ipycloud.runtime.durable import refuse_a_file
 
+        refuse_a_file(args.folder)
         table = CheckpointManager(args.folder).table()
     except (ImportError, CheckpointError, OSError) as error:
         raise CommandError(one_line(error)) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from IPython.core.interactiveshell import InteractiveShell
 
+from ipycloud.magics._errors import show_without_traceback
 from ipycloud.magics.checkpoint import CheckpointMagics
 from ipycloud.magics.dashboard import DashboardMagics
 from ipycloud.magics.gpuinfo import GpuInfoMagics
@@ -18,9 +19,11 @@ MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, Keepa
 
 
 def register_all(ipython: InteractiveShell) -> None:
-    """Register every ipycloud magics class on ``ipython``, start recording usage (unless
-    ``UsageRecording.enabled`` is False) and draw the live curves of ``fit``."""
+    """Register every ipycloud magics class on ``ipython``, end cells on a failed download
+    or an interrupted ``fit`` with one line, draw the live curves of ``fit`` and start
+    recording usage (unless ``UsageRecording.enabled`` is False)."""
     for magics in MAGICS:
         ipython.register_magics(magics)
+    show_without_traceback(ipython)
     UsageRecording(ipython)
     follow_runs()

@@ -25,6 +25,7 @@ from ipycloud.magics._arguments import (
 from ipycloud.magics._display import Notice
 from ipycloud.magics._storage_errors import storage_problem, storage_remedy
 from ipycloud.runtime.checkpoint.catalog import MAX_STEP
+from ipycloud.runtime.durable import refuse_a_file
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -35,7 +36,7 @@ ACTIONS = ("save", "restore", "list", "auto")
 # The options each use of the magic takes; any other option given is refused.
 OPTIONS = {
     "save": {"folder", "step", "tag", "background"},
-    "restore": {"folder", "which", "strict"},
+    "restore": {"folder", "which", "strict", "best_by"},
     "list": {"folder"},
     "auto": {"folder", "every"},
     "auto --off": {"off"},
@@ -43,6 +44,16 @@ OPTIONS = {
 AUTO_EVERY = "10m"
 # The runtime's words for its parameters, and this magic's for the same choice.
 SPELLINGS = {"strict=False": "--no-strict", "which='best'": "--from best"}
+WORDS = {"best": "--from best", "best_by": "--best-by METRIC[:min|max]"}
+
+
+def ranking(text: str) -> tuple[str, str]:
+    """An argparse type: ``val_loss`` or ``val_loss:min`` (lower is better; the default),
+    ``val_acc:max``."""
+    metric, _, mode = text.partition(":")
+    if not metric or mode not in ("", "min", "max"):
+        raise argparse.ArgumentTypeError(f"give METRIC, METRIC:min or METRIC:max, not {text!r}")
+    return metric, mode or "min"
 
 
 def step_number(text: str) -> int:
@@ -91,6 +102,9 @@ class CheckpointMagics(Magics):
               help="copy the state and write it in the background (save)")
     @argument("--from", dest="which",
               help="latest (default), a step number, or a tag (restore)")
+    @argument("--best-by", type=ranking, metavar="METRIC[:min|max]",
+              help="with --from best: the metric that ranks the checkpoints, lower is better "
+                   "unless :max (default: the keep_best rule they were saved with)")
     @argument("--no-strict", dest="strict", action="store_false",
               help="restore what the checkpoint holds and skip the rest: missing "
                    "variables, and module keys missing or unexpected (restore)")
@@ -129,6 +143,7 @@ class CheckpointMagics(Magics):
 
             %checkpoint restore model optimizer scheduler
             %checkpoint restore model --from before-finetune
+            %checkpoint restore model --from best --best-by val_loss
             %checkpoint restore model optimizer --no-strict
 
         Without ``--dir``, checkpoints go to ``<persistent folder>/checkpoints/<notebook>``,
@@ -148,7 +163,7 @@ class CheckpointMagics(Magics):
         """
         args = parse_line(self.checkpoint, line)
         from ipycloud.runtime.checkpoint import CheckpointError
-        from ipycloud.runtime.messages import one_line
+        from ipycloud.runtime.messages import in_words
 
         use = "auto --off" if args.action == "auto" and args.off else args.action
         refuse_options(self.checkpoint, args, OPTIONS[use], use)
@@ -157,7 +172,7 @@ class CheckpointMagics(Magics):
         try:
             return actions[args.action](args)
         except (CheckpointError, ValueError, ImportError) as error:
-            text = one_line(error)
+            text = in_words(error, WORDS)
             for python, option in SPELLINGS.items():
                 text = text.replace(python, option)
             remedy = storage_remedy(error, "--dir")
@@ -185,17 +200,26 @@ class CheckpointMagics(Magics):
         return info
 
     def _restore(self, args: argparse.Namespace) -> Notice:
-        state = self._variables(args.names, "restore")
+        from ipycloud.runtime.checkpoint.restore import UNDEFINED
+
+        state = self._variables(args.names, "restore", undefined=UNDEFINED)
         manager = self._existing_manager(args.folder)
         chosen = args.which or "latest"
         which: str | int = int(chosen) if chosen.isdecimal() else chosen
-        info = manager.load(state, which, strict=args.strict)
-        self._ipython.user_ns.update(state)  # plain values come back as new objects
+        if args.best_by and which != "best":
+            raise UsageError("%checkpoint restore: --best-by goes with --from best")
+        info = manager.load(state, which, strict=args.strict, best_by=args.best_by)
         restored = [name for name in state if name in info.objects]
-        skipped = [name for name in state if name not in info.objects]
+        # plain values come back as new objects, defined or not before
+        self._ipython.user_ns.update({name: state[name] for name in restored})
         text = f"restored {', '.join(restored) or 'nothing'} from {info.summary()}"
-        return Notice(text + (f"; not in it, left as they were: {', '.join(skipped)}"
-                              if skipped else ""))
+        kept = [name for name in state if name not in restored and state[name] is not UNDEFINED]
+        undefined = [name for name in state if name not in restored and name not in kept]
+        if kept:
+            text += f"; not in it, left as they were: {', '.join(kept)}"
+        if undefined:
+            text += f"; not in it, still undefined: {', '.join(undefined)}"
+        return Notice(text)
 
     def _list(self, args: argparse.Namespace) -> Any:
         if args.names:
@@ -257,7 +281,10 @@ class CheckpointMagics(Magics):
         if info is not None:
             print(f"ipycloud: automatic {info.summary()}")
 
-    def _variables(self, names: list[str] | tuple[str, ...], action: str) -> dict[str, Any]:
+    def _variables(self, names: list[str] | tuple[str, ...], action: str,
+                   undefined: Any = None) -> dict[str, Any]:
+        """The named notebook variables; a name not defined in the notebook is refused, or
+        given the value ``undefined`` where that is not None."""
         from ipycloud.runtime._optional import require
         from ipycloud.runtime.checkpoint.state import kind_of
 
@@ -272,6 +299,9 @@ class CheckpointMagics(Magics):
         namespace = self._ipython.user_ns
         state = {}
         for name in names:
+            if name not in namespace and undefined is not None:
+                state[name] = undefined
+                continue
             if name not in namespace:
                 raise UsageError(f"%checkpoint {action}: no variable named {name!r} in the "
                                  "notebook; define it first or check the spelling")
@@ -290,7 +320,7 @@ class CheckpointMagics(Magics):
         if folder:
             return Path(folder)
         if not self.directory:
-            return default_directory(self._notebook())
+            return default_directory(self._notebook(), option="--dir")
         try:
             return Path(expand_home(self.directory))
         except ValueError as error:
@@ -313,10 +343,10 @@ class CheckpointMagics(Magics):
     def _existing_manager(self, folder: str | None) -> CheckpointManager:
         manager = self._manager(folder)
         manager.wait()  # a save still being written counts
+        _refuse_a_file(manager.directory)
         if _is_folder(manager.directory) is None:
             raise UsageError(f"%checkpoint: the folder {manager.directory} does not exist; "
                              "save a checkpoint first, or give the right one with --dir")
-        _refuse_a_file(manager.directory)
         if not manager.list():
             raise UsageError(f"%checkpoint: no checkpoint in {manager.directory} yet; save "
                              "one with %checkpoint save model optimizer")
@@ -333,9 +363,11 @@ def _is_folder(folder: Path) -> bool | None:
 
 
 def _refuse_a_file(folder: Path) -> None:
-    """ValueError when ``folder`` is a file."""
-    if _is_folder(folder) is False:
-        raise ValueError(f"{folder} is a file, not a folder; give a folder with --dir")
+    """ValueError when ``folder``, or a folder above it, is a file."""
+    try:
+        refuse_a_file(folder)
+    except NotADirectoryError as error:
+        raise ValueError(f"{error}; give a folder with --dir") from None
 
 
 def _check_writable(folder: Path) -> None:

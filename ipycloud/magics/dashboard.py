@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -160,7 +161,8 @@ class DashboardMagics(Magics):
             require("ipywidgets", "widgets")
         except ImportError as error:
             raise UsageError(f"%dashboard: {error}; or run %dashboard --text for a one-shot "
-                             "text view") from None
+                             "text view (%dashboard --text --cells also records each cell)"
+                             ) from None
         from ipycloud.widgets.dashboard import live_dashboard
 
         dashboard = live_dashboard(interval, history)
@@ -187,9 +189,19 @@ class DashboardMagics(Magics):
         self._recorder.start()
 
     def _cells(self, args: argparse.Namespace) -> Any:
+        start = self._start_recording()
         if self._recorder is None:
-            raise ValueError("no cells recorded: start recording with %dashboard --cells")
-        return self._recorder.table(start_hint="%dashboard --cells")
+            raise ValueError(f"no cells recorded: start recording with {start}")
+        return self._recorder.table(start_hint=start)
+
+    def _start_recording(self) -> str:
+        """The line that starts recording cells here: ``%dashboard --cells`` where the live
+        view shows (ipywidgets, or Colab's page), else ``%dashboard --text --cells``."""
+        from ipycloud.magics.dashboard_web import on_colab
+        from ipycloud.runtime._optional import is_available
+
+        live = on_colab() or (is_available("ipywidgets") and not _in_terminal(self.shell))
+        return "%dashboard --cells" if live else "%dashboard --text --cells"
 
     def _report(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.machine.report import JsonReport
@@ -198,7 +210,8 @@ class DashboardMagics(Magics):
         if args.json and args.csv:
             raise ValueError("--json and --csv do not go together: pick one")
         try:
-            report = usage_report(instance=args.instance)
+            report = replace(usage_report(instance=args.instance),
+                             instance_option="--instance KEY")
         except NoSamplesError:
             raise ValueError(NO_SAMPLES) from None
         if args.csv:
@@ -215,6 +228,7 @@ class DashboardMagics(Magics):
         from ipycloud.runtime.monitor.sampler import shared_sampler
         from ipycloud.runtime.monitor.session import start_monitoring, stop_monitoring
         from ipycloud.runtime.monitor.webpage import stop_page
+        from ipycloud.runtime.units import counted
 
         live = [dashboard for dashboard in self._dashboards if dashboard.active]
         for dashboard in self._dashboards:
@@ -229,7 +243,7 @@ class DashboardMagics(Magics):
             start_monitoring()  # back to its own pace, from the dashboard's
         else:
             stop_monitoring()
-        done = [f"{len(live)} dashboard(s)"]
+        done = [counted(len(live), "dashboard")]
         if page is not None:
             done.append(f"the dashboard page (port {page.port} closed)")
         if recording:
@@ -240,7 +254,7 @@ class DashboardMagics(Magics):
                           "(%config UsageRecording.enabled = False stops it)")
         others = shared_sampler().subscribers
         sampler = ("the background sampler has stopped" if others == 0 else
-                   f"the background sampler keeps running for {others} other user(s)")
+                   f"the background sampler keeps running for {counted(others, 'other user')}")
         return Notice(f"{stopped}; {sampler}")
 
 

@@ -22,6 +22,8 @@ from ipycloud.magics._arguments import (
     user_path,
 )
 from ipycloud.magics._display import Notice
+from ipycloud.magics._errors import DownloadFailed
+from ipycloud.runtime.units import counted
 
 if TYPE_CHECKING:
     import argparse
@@ -40,6 +42,10 @@ OPTIONS = {
     "sync --stop": {"stop"},
     "status": set(),
 }
+# The runtime's words for its parameters, and this magic's for the same choice.
+SPELLINGS = {"competition": "--competition", "max_total_bytes": "--max-total-bytes SIZE",
+             "force": "--force", "dest": "--dest", "auto": "%mount_storage auto",
+             "local": "%mount_storage local"}
 
 
 @magics_class
@@ -121,7 +127,7 @@ class StorageMagics(Magics):
             %mount_storage status
         """
         args = parse_line(self.mount_storage, line)
-        from ipycloud.runtime.messages import ParameterError, one_line
+        from ipycloud.runtime.messages import in_words
         from ipycloud.runtime.storage.download import DownloadError
         from ipycloud.runtime.storage.extract import UnsafeArchiveError
         from ipycloud.runtime.storage.gdrive import GdriveError
@@ -137,13 +143,15 @@ class StorageMagics(Magics):
                    "sync --stop": self._stop_syncs, "status": self._status}
         try:
             return actions[use](args)
-        except ParameterError as error:
-            text = error.in_words_of({"competition": "--competition",
-                                      "max_total_bytes": "--max-total-bytes SIZE"})
-            raise UsageError(f"%mount_storage {args.action}: {text}") from None
-        except (ValueError, OSError, ImportError, MountError, DownloadError, UnsafeArchiveError,
-                KaggleError, GdriveError) as error:
-            raise UsageError(f"%mount_storage {args.action}: {one_line(error)}") from None
+        except (DownloadError, UnsafeArchiveError, KaggleError, GdriveError) as error:
+            raise DownloadFailed(f"%mount_storage {args.action}: "
+                                 f"{in_words(error, SPELLINGS)}") from None
+        except NotADirectoryError as error:  # a file where --dest names a folder
+            raise UsageError(f"%mount_storage {args.action}: {in_words(error, SPELLINGS)}; "
+                             "give a folder with --dest") from None
+        except (ValueError, OSError, ImportError, MountError) as error:
+            raise UsageError(f"%mount_storage {args.action}: "
+                             f"{in_words(error, SPELLINGS)}") from None
 
     def _mount(self, args: argparse.Namespace) -> Any:
         from ipycloud.runtime.storage.mount import mount
@@ -166,7 +174,7 @@ class StorageMagics(Magics):
         if args.extract:  # extract refuses what is not an archive before writing anything
             report = extract(result.path, folder / _stem(result.path.name),
                              max_total_bytes=args.max_total_bytes)
-            text += f"; extracted {report.extracted} files into {report.target}"
+            text += f"; extracted {counted(report.extracted, 'file')} into {report.target}"
             if report.refused:
                 text += f", refused {len(report.refused)}: {'; '.join(report.refused)}"
         return Notice(text)
@@ -238,7 +246,8 @@ class StorageMagics(Magics):
                 stopped.append(f"stopped the background sync {_pair(background)} after a "
                                f"final sync: {report.summary()}")
         if failed:
-            raise UsageError(f"%mount_storage sync: stopped {len(chosen)} background sync(s), "
+            raise UsageError(f"%mount_storage sync: stopped "
+                             f"{counted(len(chosen), 'background sync')}, "
                              f"but {'; '.join(failed)}")
         return Notice("\n".join(stopped))
 
@@ -266,7 +275,8 @@ def _expect(operands: list[str], count: int | tuple[int, ...], usage: str) -> li
     if len(operands) not in counts:
         got = shlex.join(operands) or "nothing"
         expected = " or ".join(str(number) for number in counts)
-        raise UsageError(f"%mount_storage: expected {expected} argument(s), got {got}; usage: "
+        noun = "argument" if counts == (1,) else "arguments"
+        raise UsageError(f"%mount_storage: expected {expected} {noun}, got {got}; usage: "
                          f"{usage}")
     return operands
 

@@ -203,6 +203,20 @@ def _fsync_subtree(folder: str, prefix: str, files: list[tuple[str, int]]) -> No
     fsync_folder(folder)
 
 
+def refuse_a_file(folder: str | os.PathLike[str]) -> None:
+    """NotADirectoryError (its words: ``<file> is a file, not a folder``, no error number)
+    when ``folder``, or a parent of it, is a file; missing folders are no error. Another
+    trouble reading the path (a lost mount) raises its own OSError."""
+    for path in (Path(folder), *Path(folder).parents):
+        try:
+            mode = path.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISDIR(mode):
+            return
+        raise NotADirectoryError(f"{path} is a file, not a folder")
+
+
 def make_folder(folder: Path, mount: Path | None = None) -> Path | None:
     """Make ``folder`` and its missing parents; return the mount point of its file system.
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 # ``[Errno 111] Connection refused`` as nested network errors carry it in their text.
 _ERRNO = re.compile(r"\[Errno (-?\d+)\] ([^'\")\]]+)")
@@ -57,3 +60,20 @@ class ParameterError(ValueError):
         """The message with each word in ``spellings`` spelled its way (the rest as given)."""
         return self.template.format(**{**self.words, **spellings})
 
+
+
+def worded(kind: type[E], template: str, /, **words: str) -> E:
+    """A ``kind`` error whose message, like a ParameterError's, is ``template`` filled with
+    ``words``, so that a front can name the parameters in it its own way (``in_words``)."""
+    error = kind(template.format(**words))
+    vars(error).update(template=template, words=words)
+    return error
+
+
+def in_words(error: BaseException, spellings: Mapping[str, str]) -> str:
+    """The error's one line, with the words of a ParameterError or a ``worded`` error that
+    ``spellings`` holds spelled its way."""
+    template, words = getattr(error, "template", None), getattr(error, "words", None)
+    if not isinstance(template, str) or not isinstance(words, dict):
+        return one_line(error)
+    return " ".join(template.format(**{**words, **spellings}).split())

@@ -12,6 +12,13 @@ import re
 NA = "n/a"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 PAIR_UNIT_MIN = 4  # a pair is shown in the largest unit of which its total holds this many
+MAX_DURATION_S = 30 * 86400  # what a duration given as text may be at most: 30 days
+
+
+def counted(number: int, noun: str, plural: str | None = None) -> str:
+    """The number with its noun in the right number: ``1 file``, ``0 files``, ``2 GPUs``
+    (``plural`` where adding an s is wrong)."""
+    return f"{number} {noun if number == 1 else plural or noun + 's'}"
 
 
 def format_bytes(value: float | None) -> str:
@@ -78,7 +85,8 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``2d``; ValueError otherwise."""
+    """Seconds from ``90``, ``90s``, ``10m``, ``1h30m`` or ``2d``, up to MAX_DURATION_S;
+    ValueError otherwise."""
     cleaned = text.strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", cleaned):
         seconds = float(cleaned)
@@ -89,6 +97,9 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"{text!r} is not a duration: write it like 90s, 10m, 1h30m or 2d")
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"{text!r} is longer than {MAX_DURATION_S // 86400:.0f} days: give at "
+                         f"most {MAX_DURATION_S // 86400:.0f}d")
     return seconds
 
 

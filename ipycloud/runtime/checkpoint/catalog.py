@@ -19,7 +19,7 @@ from typing import Any
 
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
-from ipycloud.runtime.units import format_bytes
+from ipycloud.runtime.units import counted, format_bytes
 
 FORMAT = "ipycloud-checkpoint/1"
 DATA_SUFFIX = ".pt"
@@ -228,7 +228,9 @@ class CheckpointTable:
         return f" ({', '.join(notes)})" if notes else ""
 
     def __str__(self) -> str:
-        title = f"{len(self.infos)} checkpoint(s) in {self.directory}"
+        if not self.infos:
+            return f"no checkpoints in {self.directory}"
+        title = f"{counted(len(self.infos), 'checkpoint')} in {self.directory}"
         return "\n".join([title, *aligned_lines(*self.table())])
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
@@ -236,7 +238,9 @@ class CheckpointTable:
 
     def _repr_html_(self) -> str:
         folder = html.escape(str(self.directory))
-        return (f"<p>{len(self.infos)} checkpoint(s) in <code>{folder}</code></p>"
+        if not self.infos:
+            return f"<p>no checkpoints in <code>{folder}</code></p>"
+        return (f"<p>{counted(len(self.infos), 'checkpoint')} in <code>{folder}</code></p>"
                 + html_table(self.table()))
 
 

@@ -51,6 +51,7 @@ from ipycloud.runtime.durable import (
     stale_temporaries,
     write_temporary,
 )
+from ipycloud.runtime.messages import worded
 
 Which = str | int
 Blocking = bool | Literal["auto"]
@@ -468,11 +469,13 @@ class CheckpointManager:
     @_reading
     def load(self, state: Mapping[str, Any], which: Which = "latest", map_location: Any = None,
              strict: bool = True, *, restore_rng: bool = True,
-             unsafe_allow_pickle: bool = False) -> CheckpointInfo:
+             unsafe_allow_pickle: bool = False,
+             best_by: tuple[str, str] | None = None) -> CheckpointInfo:
         """Restore ``state``'s live objects (and the RNG states) from a checkpoint.
 
         ``which`` is "latest", "best" (by the ``keep_best`` metric: this manager's, or
-        the one the checkpoints were saved with), a step number, or a tag or name. For
+        the one the checkpoints were saved with, or ``best_by=(metric, 'min' or 'max')``
+        given here), a step number, or a tag or name. For
         "latest" and "best", a checkpoint failing verification is skipped with a
         CheckpointWarning and the next one is used. Every object is checked against the
         checkpoint before any is written: a failed restore changes nothing. Loading uses
@@ -482,7 +485,8 @@ class CheckpointManager:
         """
         self.wait()
         self._require_directory()
-        info, payload = self._load_verified(which, map_location, unsafe_allow_pickle)
+        info, payload = self._load_verified(which, map_location, unsafe_allow_pickle,
+                                            best_by)
         restore(state, payload["state"], strict, payload.get("kinds"), payload.get("shapes"))
         if restore_rng:
             rng.restore_rng_states(payload.get("rng", {}))
@@ -495,15 +499,15 @@ class CheckpointManager:
         if not (self.directory.is_dir() or (fallback is not None and fallback.is_dir())):
             raise CheckpointError(f"no checkpoint folder at {self.directory}")
 
-    def _load_verified(self, which: Which, map_location: Any,
-                       unsafe: bool) -> tuple[CheckpointInfo, dict[str, Any]]:
+    def _load_verified(self, which: Which, map_location: Any, unsafe: bool,
+                       best_by: tuple[str, str] | None) -> tuple[CheckpointInfo, dict[str, Any]]:
         """The newest candidate for ``which`` that verifies, with its loaded payload.
 
         The checksum is computed while torch reads the file (or known already: see
         ``integrity``), and nothing is restored unless it matches. An unsafe load runs the
         file's code, so it verifies first.
         """
-        for info in self._candidates(which):
+        for info in self._candidates(which, best_by=best_by):
             if unsafe or integrity.trusted(info):
                 problem = integrity.problem(info)
                 if problem is None:
@@ -536,7 +540,8 @@ class CheckpointManager:
             else:
                 damaged(info, problem)
 
-    def _candidates(self, which: Which, *, warn: bool = True) -> Sequence[CheckpointInfo]:
+    def _candidates(self, which: Which, *, warn: bool = True,
+                    best_by: tuple[str, str] | None = None) -> Sequence[CheckpointInfo]:
         """Checkpoints matching ``which``, preferred first: for "latest" the newest, for
         "best" the best by the metric (of runs another live process writes only when there
         is no other); otherwise the newest."""
@@ -546,12 +551,13 @@ class CheckpointManager:
                           "skipping it", CheckpointWarning, stacklevel=4)
         infos = self._without_others(found) if which in ("latest", catalog.BEST) else found
         if which == catalog.BEST:
-            metric, mode, _ = self._best_rule(infos)
+            metric, mode, _ = (self._best_rule(infos) if best_by is None
+                               else _keep_best_rule(best_by))
             candidates = _ranked(infos, metric, mode)
             if not candidates:
                 saved = ", ".join(sorted({key for info in infos for key in info.metrics}))
                 raise CheckpointError(f"no checkpoint in {self.directory} has the metric "
-                                      f"{metric!r} that keep_best ranks by (metrics saved: "
+                                      f"{metric!r} that 'best' is ranked by (metrics saved: "
                                       f"{saved or 'none'})")
         else:
             candidates = _candidates(infos, which)
@@ -584,10 +590,17 @@ class CheckpointManager:
         if self.keep_best is not None:
             return self.keep_best
         recorded = next((info.keep_best for info in reversed(infos) if info.keep_best), None)
+        saved = ", ".join(sorted({key for info in infos for key in info.metrics}))
+        if recorded is None and not saved:
+            raise worded(CheckpointError, "{best} ranks checkpoints by a metric, and no "
+                         "checkpoint in {folder} has one: restore the latest, a step or a tag",
+                         best="which='best'", folder=str(self.directory))
         if recorded is None:
-            raise CheckpointError("which='best' needs keep_best=(metric, 'min' or 'max'): "
-                                  "this manager has none, and no checkpoint in "
-                                  f"{self.directory} was saved with one")
+            raise worded(CheckpointError, "{best} needs the metric to rank by: pass "
+                         "{best_by}, as no checkpoint in {folder} was saved with a keep_best "
+                         "rule (metrics saved: {saved})", best="which='best'",
+                         best_by="best_by=(metric, 'min' or 'max')", folder=str(self.directory),
+                         saved=saved)
         return _keep_best_rule(tuple(recorded))
 
     def _damaged(self, info: CheckpointInfo, problem: str, which: Which) -> None:
@@ -607,20 +620,21 @@ def check_keep_last(keep_last: int | None) -> None:
         raise ValueError(f"keep_last must be a positive integer or None, not {keep_last!r}")
 
 
-def default_directory(run: str) -> Path:
-    """``<persistent folder>/checkpoints/<run>`` for this platform."""
+def default_directory(run: str, option: str = "directory=") -> Path:
+    """``<persistent folder>/checkpoints/<run>`` for this platform; ``option`` is how the
+    caller's reader names another folder (a magic: ``--dir``)."""
     from ipycloud.runtime.machine.platform import detect_platform
 
     platform = detect_platform()
     if platform.persistent_dir is None:
         warnings.warn(f"nothing survives a {platform.name} session: checkpoints go to "
-                      f"{platform.scratch_dir}; download them or pass directory=",
+                      f"{platform.scratch_dir}; download them or pass {option}",
                       CheckpointWarning, stacklevel=3)
         return platform.scratch_dir / "checkpoints" / run
     if not platform.persistent_dir.is_dir():
         raise CheckpointError(f"the persistent folder {platform.persistent_dir} of "
                               f"{platform.name} does not exist: mount it first, or pass "
-                              "directory=")
+                              f"{option}")
     return platform.persistent_dir / "checkpoints" / run
 
 

@@ -3,9 +3,11 @@
 A mismatch found by the checks (a module of other shapes, an optimizer with other
 parameter groups or parameter shapes, a GradScaler state saved while it was disabled, a
 tensor where a module was saved, a plain value that cannot go back into a read-only
-mapping) raises one CheckpointError and changes nothing. Stateful objects of other types
-(LR schedulers among them) cannot be checked beforehand: they are restored first, so
-their failure, too, leaves the checked objects untouched.
+mapping, an object's state for a name that has no live object yet) raises one
+CheckpointError and changes nothing. A name given as ``UNDEFINED`` (a variable not defined
+yet) gets its plain value; state that goes into a live object needs that object. Stateful
+objects of other types (LR schedulers among them) cannot be checked beforehand: they are
+restored first, so their failure, too, leaves the checked objects untouched.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from ipycloud.runtime.checkpoint.state import (
     parameter_shapes,
 )
 from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.units import counted
+
+UNDEFINED: Any = object()  # a name's value in a state whose caller has no object for it yet
 
 _WORDS = {STATEFUL: "an object's state_dict()", TENSOR: "a tensor",
           GENERATOR: "a generator state", VALUE: "a plain value"}
@@ -71,6 +76,9 @@ def _problem(state: Mapping[str, Any], name: str, value: Any, strict: bool,
     import torch
 
     obj = state[name]
+    if obj is UNDEFINED and saved_kind not in (None, VALUE):
+        return (f"the checkpoint holds {_WORDS.get(saved_kind, saved_kind)}, which goes into a "
+                f"live object: create {name} first, then restore")
     kind = kind_of(obj)
     if kind is None or kind == VALUE:  # replaced by the saved value
         return None if isinstance(state, MutableMapping) else (
@@ -139,12 +147,13 @@ def _optimizer_problem(optimizer: Any, value: Any, shapes: Shapes | None) -> str
         return "the checkpoint holds no optimizer state"
     live = optimizer.param_groups
     if len(groups) != len(live):
-        return (f"the checkpoint's optimizer has {len(groups)} parameter group(s), the live "
-                f"one {len(live)}")
+        return (f"the checkpoint's optimizer has {counted(len(groups), 'parameter group')}, "
+                f"the live one {len(live)}")
     for index, (group, live_group) in enumerate(zip(groups, live, strict=True)):
         if len(group["params"]) != len(live_group["params"]):
-            return (f"parameter group {index} holds {len(group['params'])} parameter(s) in "
-                    f"the checkpoint, {len(live_group['params'])} in the live optimizer")
+            return (f"parameter group {index} holds "
+                    f"{counted(len(group['params']), 'parameter')} in the checkpoint, "
+                    f"{len(live_group['params'])} in the live optimizer")
     if shapes is None:
         return None
     for index, (saved, current) in enumerate(zip(shapes, parameter_shapes(optimizer),

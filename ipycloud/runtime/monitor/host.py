@@ -26,6 +26,7 @@ from ipycloud.runtime.machine.snapshot import usable_cpus
 from ipycloud.runtime.monitor.probe import Probe, disks_of
 from ipycloud.runtime.monitor.processes import ProcessTree, TreeMeter
 from ipycloud.runtime.monitor.samples import Sample
+from ipycloud.runtime.units import counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +127,9 @@ class HostProbe:
         if reason is not None:
             return reason
         if self._gpus.hidden:
-            return f"CUDA_VISIBLE_DEVICES hides all {self._gpus.hidden} GPUs from the server"
+            hidden = self._gpus.hidden
+            return (f"CUDA_VISIBLE_DEVICES hides {'the' if hidden == 1 else 'all'} "
+                    f"{counted(hidden, 'GPU')} from the server")
         return "NVML sees no GPU on this machine"
 
 

@@ -8,11 +8,11 @@ import io
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.durable import write_bytes_atomically
+from ipycloud.runtime.durable import refuse_a_file, write_bytes_atomically
 from ipycloud.runtime.monitor.prices import Cost
 from ipycloud.runtime.tables import Table, aligned_lines, html_pairs, html_table, label_lines
 from ipycloud.runtime.units import NA, format_bytes, format_duration, format_of, format_percent
@@ -63,6 +63,9 @@ class UsageReport:
     comparison_rule: str
     comparison: tuple[Cost, ...]  # the same time on other instances, cheapest first
     prices_about: str
+    # How the reader names an instance to price the run as: this parameter in Python, a
+    # front's own option (``--instance KEY``) where it shows the report.
+    instance_option: str = field(default="instance=", repr=False)
 
     @property
     def ram_peak_percent(self) -> float | None:
@@ -70,8 +73,11 @@ class UsageReport:
         return fraction(self.ram_peak, self.ram_limit)
 
     def to_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data; the keys are the field names above."""
-        return _plain(asdict(self))
+        """The report as JSON-ready data; the keys are the field names above (but
+        ``instance_option``)."""
+        data = _plain(asdict(self))
+        del data["instance_option"]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -81,6 +87,10 @@ class UsageReport:
         gpu by index, cost and compare by instance), whole or not at all; returns the path.
         A file there is replaced; a folder, device or pipe is not."""
         target = Path(path)
+        try:
+            refuse_a_file(target.parent)
+        except NotADirectoryError as error:
+            raise NotADirectoryError(f"cannot write {target}: {error}") from None
         if not target.parent.is_dir():
             raise FileNotFoundError(f"cannot write {target}: the folder {target.parent} "
                                     f"does not exist")
@@ -120,7 +130,8 @@ def summary(report: UsageReport) -> list[tuple[str, str]]:
                 f"({format_percent(report.ram_peak_percent)}), "
                 f"average {format_bytes(report.ram_average)}"),
         ("Instance", f"{cost.instance} ({report.cost_basis})" if cost else
-         f"not known: {report.cost_basis}; pass instance= with a key of the price table"),
+         f"not known: {report.cost_basis}; pass {report.instance_option} with a key of the "
+         "price table"),
         ("Estimated cost", _cost_text(cost) if cost else NA),
     ]
 

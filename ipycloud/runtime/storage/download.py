@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from ipycloud.runtime.durable import fsync_folder
+from ipycloud.runtime.durable import fsync_folder, refuse_a_file
 from ipycloud.runtime.messages import scrub
 from ipycloud.runtime.storage.partial import PartFile, PartInTheWay, Validators
 from ipycloud.runtime.storage.verify import Expect, check_name, name_or_none
+from ipycloud.runtime.units import counted
 
 CHUNK = 1 << 16
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -222,7 +223,7 @@ class _Job:
         else:
             hint = ("the server gives no ETag or Last-Modified to resume by: give the "
                     "file's SHA-256 to resume, or rerun to start over")
-        return self.fail(f"failed after {attempts} attempts ({reason}); "
+        return self.fail(f"failed after {counted(attempts, 'attempt')} ({reason}); "
                          f"fetched {have}{of} bytes; {hint}")
 
     def resume_point(self, name: str | None) -> tuple[int, Validators | None]:
@@ -425,6 +426,7 @@ def download(
         check_name(filename)
     expect = Expect.given(sha256, md5, size)
     folder = Path(dest) if dest is not None else Path.cwd()
+    refuse_a_file(folder)
     folder.mkdir(parents=True, exist_ok=True)
     guess = filename or parsed.name
     if guess is not None and (done := _existing(folder / guess, expect)) is not None:

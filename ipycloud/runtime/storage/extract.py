@@ -54,6 +54,7 @@ from ipycloud.runtime.storage.archive import (
     open_archive,
 )
 from ipycloud.runtime.storage.expansion import Budget, ExpansionLimit
+from ipycloud.runtime.units import counted
 
 __all__ = ["ExtractReport", "UnsafeArchiveError", "archive_kind", "extract"]
 
@@ -74,7 +75,8 @@ class UnsafeArchiveError(Exception):
     """Raised by ``extract(strict=True)`` when a member was refused."""
 
     def __init__(self, archive: Path, refused: tuple[str, ...]) -> None:
-        super().__init__(f"{archive}: refused {len(refused)} unsafe member(s): {refused[0]}")
+        super().__init__(f"{archive}: refused {counted(len(refused), 'unsafe member')}: "
+                         f"{refused[0]}")
         self.refused = refused
 
 

@@ -28,12 +28,14 @@ from ipycloud.runtime.durable import (
     fsync_file,
     fsync_folder,
     fsync_tree,
+    refuse_a_file,
     replace_folder,
     write_bytes_atomically,
 )
-from ipycloud.runtime.messages import errno_reason, one_line
+from ipycloud.runtime.messages import errno_reason, one_line, worded
 from ipycloud.runtime.storage.mount import data_folder
 from ipycloud.runtime.storage.verify import Expect, check_name, hash_file
+from ipycloud.runtime.units import counted
 
 STAGING = ".ipycloud-gdrive"
 TIMEOUT_S = 60.0
@@ -195,7 +197,8 @@ def _failure(error: Exception, kind: str, drive: str) -> GdriveError:
         return GdriveError(f"cannot access {what}: it is not public; {_SHARE_HINT}")
     if text.startswith("Failed to download the following files"):
         count = str(error).count("\n- ")
-        return GdriveError(f"{what}: {count} file(s) failed to download; rerun to resume "
+        return GdriveError(f"{what}: {counted(count, 'file')} failed to download; rerun to "
+                           "resume "
                            f"(if it keeps failing, {_SHARE_HINT} or try later)")
     if "incomplete" in text:
         return GdriveError(f"{what}: the download stopped early ({text.split('.')[0]}); "
@@ -205,8 +208,11 @@ def _failure(error: Exception, kind: str, drive: str) -> GdriveError:
 
 # -- small file-system helpers ------------------------------------------------------------
 def _destination(dest: str | os.PathLike[str] | None) -> Path:
-    """``dest``, else the mounted project's data folder, else ./data."""
-    return Path(dest).expanduser() if dest is not None else data_folder()
+    """``dest``, else the mounted project's data folder, else ./data; NotADirectoryError
+    where a file stands in its way."""
+    folder = Path(dest).expanduser() if dest is not None else data_folder()
+    refuse_a_file(folder)
+    return folder
 
 
 def _read_marker(path: Path) -> dict[str, Any]:
@@ -368,8 +374,9 @@ class _FolderJob(_Job):
         name = self.filename or root.name
         final = self.folder / name
         if final.exists() and not self.force:
-            raise GdriveError(f"{final} already exists and was not downloaded from Drive "
-                              f"folder {self.drive}: pass force=True to replace it")
+            raise worded(GdriveError, "{final} already exists and was not downloaded from "
+                         "Drive folder {drive}: pass {force} to replace it", final=str(final),
+                         drive=str(self.drive), force="force=True")
         listed = fsync_tree(root)
         files, size = len(listed), sum(size for _, size in listed)
         replace_folder(root, final)

@@ -37,7 +37,7 @@ from ipycloud.runtime.durable import (
     temp_name_for,
     write_bytes_atomically,
 )
-from ipycloud.runtime.messages import ParameterError, errno_reason, one_line
+from ipycloud.runtime.messages import ParameterError, errno_reason, one_line, worded
 from ipycloud.runtime.storage.kaggle_credentials import (
     WEB,
     KaggleAuth,
@@ -217,8 +217,9 @@ def _check_target(target: Path, h: _Handle, force: bool,
     if force or not target.is_dir() or not any(target.iterdir()):
         return
     if not _ours(manifest, h):
-        raise KaggleError(f"{target} already holds other files: choose another dest, or "
-                          "pass force=True to replace them")
+        raise worded(KaggleError, "{target} already holds other files: choose another "
+                     "{dest}, or pass {force} to replace them", target=str(target), dest="dest",
+                     force="force=True")
 
 
 # -- the download ---------------------------------------------------------------------------

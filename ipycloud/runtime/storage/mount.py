@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.machine.platform import Platform, detect_platform
-from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.messages import one_line, worded
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.storage import tree
 
@@ -88,8 +88,9 @@ def mount(kind: str = "auto", *, project: str | None = None, force: bool = False
     platform = detect_platform() if platform is None else platform
     chosen = {"colab": "drive", "kaggle": "kaggle"}.get(platform.key, "local")
     if kind != "auto" and kind != chosen and kind != "local":
-        raise MountError(f"{kind} storage is not available on {platform.name}: use "
-                         f"kind='auto' or 'local'")
+        raise worded(MountError, "{kind} storage is not available on {platform}: use {auto} "
+                     "or {local}", kind=kind, platform=platform.name, auto="kind='auto'",
+                     local="kind='local'")
     kind = chosen if kind == "auto" else kind
     folder = _storage_root(kind, platform, root, force, timeout_s)
     result = MountResult(kind, _make_project(folder / name),
@@ -150,22 +151,25 @@ def _mount_drive(platform: Platform, force: bool, timeout_s: float) -> Path:
     if state == "healthy" and not force:
         return my_drive
     if state == "stale" and not force:
-        raise MountError(f"the Drive mount at {mount_point} is stale (transport endpoint is "
-                         "not connected): mount again with force=True")
+        raise worded(MountError, "the Drive mount at {mount_point} is stale (transport "
+                     "endpoint is not connected): mount again with {force}",
+                     mount_point=str(mount_point), force="force=True")
     try:
         from google.colab import drive
     except ImportError:
-        raise MountError("Google Drive can only be mounted from a Colab notebook: use "
-                         "kind='local' elsewhere") from None
+        raise worded(MountError, "Google Drive can only be mounted from a Colab notebook: "
+                     "use {local} elsewhere", local="kind='local'") from None
     try:
         drive.mount(str(mount_point), force_remount=force or state == "stale",
                     timeout_ms=int(timeout_s * 1000))
     except Exception as error:  # Colab raises ValueError or TimeoutError with its reason
-        raise MountError(f"mounting Drive at {mount_point} failed ({one_line(error)}): run "
-                         "the cell again and accept the authorisation, or use "
-                         "force=True") from error
+        raise worded(MountError, "mounting Drive at {mount_point} failed ({reason}): run the "
+                     "cell again and accept the authorisation, or use {force}",
+                     mount_point=str(mount_point), reason=one_line(error),
+                     force="force=True") from error
     if _drive_state(my_drive) != "healthy":
-        raise MountError(f"Drive was mounted but {my_drive} is not readable: try force=True")
+        raise worded(MountError, "Drive was mounted but {my_drive} is not readable: try {force}",
+                     my_drive=str(my_drive), force="force=True")
     return my_drive
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ipycloud.runtime.units import counted
+
 MODES = ("min", "max")
 
 
@@ -37,8 +39,9 @@ class EarlyStopping:
         self.waited += 1
         if self.waited < self.patience:
             return False
-        self.reason = (f"early stop: {self.metric} has not improved for {self.waited} "
-                       f"epoch(s) since epoch {self.best_epoch} ({self.best:.4g})")
+        self.reason = (f"early stop: {self.metric} has not improved for "
+                       f"{counted(self.waited, 'epoch')} since epoch {self.best_epoch} "
+                       f"({self.best:.4g})")
         return True
 
     def replay(self, epochs: Iterable[dict[str, Any]]) -> None:

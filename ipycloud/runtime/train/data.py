@@ -26,6 +26,7 @@ from ipycloud.runtime.train.sampling import (
     sampler_order,
     shuffled_order,
 )
+from ipycloud.runtime.units import counted
 
 _LOADER_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout",
                     "worker_init_fn", "multiprocessing_context", "persistent_workers",
@@ -72,7 +73,8 @@ class EpochData:
             return
         if saved_world != self.world_size and position.get("batch", 0):
             raise ValueError(
-                f"the checkpoint was written by {saved_world} process(es) part-way into epoch "
+                f"the checkpoint was written by {counted(saved_world, 'process', 'processes')} "
+                f"part-way into epoch "
                 f"{self.epoch}, and this data cannot be split again at that point under "
                 f"{self.world_size}: resume with {saved_world}, or pass a DataLoader over a "
                 "map-style dataset")

@@ -7,9 +7,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.train.xla import xla_available, xla_device
+from ipycloud.runtime.units import counted
 
 if TYPE_CHECKING:
     from ipycloud.runtime.machine.nvml import GpuInfo
+
+XLA_INSTALL = "pip install 'ipycloud[xla]', then device='auto' or 'xla'"
 
 
 @dataclass(frozen=True)
@@ -32,16 +35,17 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     if device != "auto":
         try:
             chosen = torch.device(device) if not isinstance(device, torch.device) else device
-        except (RuntimeError, TypeError) as error:
-            raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N', 'mps' or a "
-                             f"torch.device, not {device!r}") from error
+        except (RuntimeError, TypeError):
+            raise ValueError(_not_a_device(device)) from None
         if chosen.type == "cuda":
             _check_cuda(chosen)
+        if chosen.type == "xla" and not xla_available():
+            raise ValueError(f"device={str(chosen)!r} needs torch_xla: {XLA_INSTALL}")
         return DeviceChoice(chosen, chosen.type, "as requested")
     gpus = usable_gpus()
     if gpus:
         return DeviceChoice(torch.device("cuda", 0), "cuda",
-                            f"{len(gpus)} NVIDIA GPU(s) visible, first: {gpus[0].name}")
+                            f"{counted(len(gpus), 'NVIDIA GPU')} visible, first: {gpus[0].name}")
     if xla_available():
         return DeviceChoice(xla_device(), "xla", "torch_xla is installed")
     mps = getattr(torch.backends, "mps", None)
@@ -51,6 +55,15 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
               if torch.version.cuda is None and _visible_gpus()
               else "no GPU visible, no torch_xla, no MPS")
     return DeviceChoice(torch.device("cpu"), "cpu", reason)
+
+
+def _not_a_device(device: Any) -> str:
+    """What to give instead of ``device``, which torch does not read as a device."""
+    accepted = ("device must be 'auto', 'cpu', 'cuda', 'cuda:N', 'mps', 'xla' or a "
+                f"torch.device, not {device!r}")
+    if isinstance(device, str) and device.lower().startswith("tpu"):
+        return f"{accepted}: a TPU is an XLA device, reached through torch_xla ({XLA_INSTALL})"
+    return accepted
 
 
 def _check_cuda(device: Any) -> None:
@@ -66,7 +79,8 @@ def _check_cuda(device: Any) -> None:
         raise ValueError(f"device={str(device)!r} needs an NVIDIA GPU, and none is visible: "
                          "use device='auto' or 'cpu', or pick a GPU runtime")
     if device.index is not None and device.index >= len(gpus):
-        raise ValueError(f"device={str(device)!r}: only {len(gpus)} NVIDIA GPU(s) are visible "
+        raise ValueError(f"device={str(device)!r}: only {counted(len(gpus), 'NVIDIA GPU')} "
+                         f"{'is' if len(gpus) == 1 else 'are'} visible "
                          f"(cuda:0 to cuda:{len(gpus) - 1})")
 
 

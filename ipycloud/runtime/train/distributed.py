@@ -44,6 +44,7 @@ from ipycloud.runtime.lifetime import end_with
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.train.device import usable_gpus
 from ipycloud.runtime.train.interrupt import deliver_sigterm
+from ipycloud.runtime.units import counted
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -328,8 +329,9 @@ def _check_nccl(nprocs: int, gpus: int) -> None:
     if not dist.is_nccl_available():
         raise LaunchError("this torch build has no NCCL: use backend='gloo'")
     if nprocs > gpus:
-        raise LaunchError(f"backend 'nccl' needs one GPU per process: {nprocs} processes, "
-                          f"{gpus} GPU(s) visible")
+        raise LaunchError(f"backend 'nccl' needs one GPU per process: "
+                          f"{counted(nprocs, 'process', 'processes')}, "
+                          f"{counted(gpus, 'GPU')} visible")
 
 
 def _usable_cpus() -> int:

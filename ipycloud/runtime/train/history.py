@@ -8,6 +8,7 @@ from typing import Any
 
 from ipycloud.runtime.tables import aligned_lines, html_table
 from ipycloud.runtime.train.curves import TrainingCurves
+from ipycloud.runtime.units import counted
 
 
 @dataclass
@@ -57,7 +58,8 @@ class History:
     def summary(self) -> str:
         last = self.steps[-1] if self.steps else {}
         stopped = f"; {self.stopped}" if self.stopped else ""
-        return (f"History: {len(self.epochs)} epoch(s), {last.get('step', 0)} step(s) on "
+        return (f"History: {counted(len(self.epochs), 'epoch')}, "
+                f"{counted(last.get('step', 0), 'step')} on "
                 f"{self.device or 'n/a'} in {self.precision or 'n/a'}{stopped}")
 
     def __str__(self) -> str:

@@ -14,6 +14,12 @@ from typing import Any
 from ipycloud.runtime.lifetime import end_with
 
 
+class FitInterrupted(KeyboardInterrupt):
+    """``fit`` paused on an interrupt, saved where it stands (with a checkpoint folder) and
+    printed the one line that says so, which is also the message; a notebook front ends
+    the cell with that line alone, without a traceback."""
+
+
 class DeferredInterrupt:
     """While active in the main thread, SIGINT sets ``requested`` instead of raising.
 

@@ -54,13 +54,14 @@ from ipycloud.runtime.train.followers import (
     start_following,
 )
 from ipycloud.runtime.train.history import History
-from ipycloud.runtime.train.interrupt import DeferredInterrupt, Preemption
+from ipycloud.runtime.train.interrupt import DeferredInterrupt, FitInterrupted, Preemption
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.xla import OnCpu
+from ipycloud.runtime.units import counted
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 MAX_SKIPPED_FP16_STEPS = 25
@@ -128,7 +129,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       and ``on_checkpoint(info)``; a hook returning True stops the run.
       ``early_stop=("val_loss", 3)`` stops after 3 epochs without improvement.
     - Interrupting (the Stop button, Ctrl-C) finishes the current step, saves a checkpoint
-      and raises KeyboardInterrupt: rerunning the cell continues. A second interrupt
+      and raises FitInterrupted, a KeyboardInterrupt that notebooks show as the one line it
+      printed: rerunning the cell continues. A second interrupt
       stops at once.
     - ``progress=True`` shows a progress bar and, in a notebook, live charts of the loss
       (raw and smoothed), the learning rate and the validation metrics under it, redrawn
@@ -172,6 +174,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     except BaseException as error:
         if release:
             keep_machine(f"the run {PAUSED if isinstance(error, KeyboardInterrupt) else FAILED}")
+        if isinstance(error, FitInterrupted):  # raised again here: no frames of the loop shown
+            raise error.with_traceback(None) from None
         raise
     if release:
         trainer.release()
@@ -555,7 +559,7 @@ class _Trainer:
         self.followers.tell("happened", "pause", line)
         bar.close()
         print(line, flush=True)
-        raise KeyboardInterrupt(line)
+        raise FitInterrupted(line)
 
     # -- SIGTERM ----------------------------------------------------------------------------
 
@@ -771,7 +775,7 @@ class _Trainer:
         plan = self.plan
         where = (f"resuming from {resumed.name} (step {resumed.step}, epoch "
                  f"{self.data.epoch}, batch {self.data.batches})" if resumed else "starting")
-        world = f", {self.dist.world_size} processes" if self.dist else ""
+        world = f", {counted(self.dist.world_size, 'process', 'processes')}" if self.dist else ""
         plateau = (", ReduceLROnPlateau steps on train_loss (no val_data)"
                    if self._steps_on_metric and val_data is None else "")
         lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
