@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from server_fixtures import Api
 from ipycloud.runtime.runs import records
 from ipycloud.server import runs as server_runs
 from ipycloud.server.handlers import AUTH_RESOURCE
-from ipycloud.server.runs import SCAN_FRESH_S, RunFinder, walk
+from ipycloud.server.runs import FRESH_S, SCAN_FRESH_S, RunFinder, walk
 
 pytestmark = pytest.mark.filterwarnings("error:Extension endpoints without")
 
@@ -30,10 +32,10 @@ LIVE, DONE, HIDDEN, IGNORED, ROOT_LEVEL, ELSEWHERE = (
 
 
 def write_run(log: Path, run_id: str, *, steps: int = 3, kernel: str | None = None,
-              ended: bool = False, at: float = T0) -> Path:
+              ended: bool = False, at: float = T0, pid: int | None = None) -> Path:
     """A run log as fit writes it: a start, ``steps`` step rows a second apart, an end."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    lines = [{"t": at, "kind": "start", "run": run_id, "pid": os.getpid(),
+    lines = [{"t": at, "kind": "start", "run": run_id, "pid": pid or os.getpid(),
               "host": socket.gethostname(), "kernel": kernel, "notebook": "train.ipynb",
               "step": 0, "epoch": 0, "total_steps": 100, "epochs": 2,
               "folder": str(log.parent.parent), "device": "cpu", "model": "Net"}]
@@ -100,7 +102,8 @@ def test_one_run_with_its_records_after_a_time(api: Api, root_runs: Path) -> Non
     log = in_folder(root_runs / "project with spaces" / "ck 'one'", LIVE)
     append(log, {"t": T0 + 4, "kind": "step", "step": 4, "epoch": 0, "loss": 0.2},
            {"t": T0 + 5, "kind": "event", "event": "pause", "message": "paused by the user"})
-    later = api.get(f"runs/{LIVE}", params={"since": repr(T0 + 3)})
+    later = api.wait(lambda: (found := api.get(f"runs/{LIVE}", params={"since": repr(T0 + 3)}))
+                     ["records"] and found, what="the records appended")
     assert [line["t"] for line in later["records"]] == [T0 + 4, T0 + 5]
     assert (later["run"]["step"], later["run"]["events"]) == (4, 1)  # the log as it is now
     assert api.get(f"runs/{LIVE}", params={"since": repr(T0 + 5)})["records"] == []
@@ -188,5 +191,21 @@ def test_the_walks_findings_serve_a_while(tmp_path: Path) -> None:
     write_run(in_folder(tmp_path / "b", DONE), DONE, at=T0 + 100)
     clock[0] = SCAN_FRESH_S - 0.1
     assert [run["id"] for run in finder.summaries(())] == [LIVE]  # the last walk's
-    clock[0] = SCAN_FRESH_S
+    clock[0] = SCAN_FRESH_S + FRESH_S
     assert [run["id"] for run in finder.summaries(())] == [DONE, LIVE]
+
+
+def test_a_running_run_whose_process_died_is_lost_though_its_log_is_unchanged(
+        tmp_path: Path) -> None:
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    clock = [0.0]
+    finder = RunFinder(tmp_path, clock=lambda: clock[0])
+    write_run(in_folder(tmp_path, LIVE), LIVE, pid=trainer.pid)
+    try:
+        assert [run["status"] for run in finder.summaries(())] == ["running"]
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert [run["status"] for run in finder.summaries(())] == ["running"]  # as read a while ago
+    clock[0] = FRESH_S
+    assert [run["status"] for run in finder.summaries(())] == ["lost"]
