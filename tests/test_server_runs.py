@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,11 @@ def index(run_id: str, log: Path, kernel: str | None) -> None:
     (folder / f"{run_id}.json").write_text(json.dumps({
         "run": run_id, "log": str(log), "pid": os.getpid(), "host": socket.gethostname(),
         "kernel": kernel, "started": T0}))
+
+
+def inline(work: Callable[[], None]) -> None:
+    """Make a view that is due at once, not on a thread: the test sees it next."""
+    work()
 
 
 def in_folder(folder: Path, run_id: str) -> Path:
@@ -158,6 +164,7 @@ def test_runs_of_the_servers_kernels_are_found_through_the_index(
     assert [run["id"] for run in api.get("runs")["runs"]] == [ELSEWHERE]
     assert api.get(f"runs/{ELSEWHERE}")["run"]["kernel"] == kernel_id
     assert api.response("ipycloud", "api", "runs", other).code == 404
+    api.wait(lambda: api.get("kernels")["kernels"], what="the kernel seen by the server")
     api.response("api", "kernels", kernel_id, method="DELETE")
     api.wait(lambda: not api.get("kernels")["kernels"], what="the kernel to end")
     # a run whose kernel ended since is still the server's
@@ -185,7 +192,7 @@ def test_the_walk_is_bounded_and_follows_no_links(tmp_path: Path,
 
 def test_the_walks_findings_serve_a_while(tmp_path: Path) -> None:
     clock = [0.0]
-    finder = RunFinder(tmp_path, clock=lambda: clock[0])
+    finder = RunFinder(tmp_path, clock=lambda: clock[0], background=inline)
     write_run(in_folder(tmp_path / "a", LIVE), LIVE)
     assert [run["id"] for run in finder.summaries(())] == [LIVE]
     write_run(in_folder(tmp_path / "b", DONE), DONE, at=T0 + 100)
@@ -199,7 +206,7 @@ def test_a_running_run_whose_process_died_is_lost_though_its_log_is_unchanged(
         tmp_path: Path) -> None:
     trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     clock = [0.0]
-    finder = RunFinder(tmp_path, clock=lambda: clock[0])
+    finder = RunFinder(tmp_path, clock=lambda: clock[0], background=inline)
     write_run(in_folder(tmp_path, LIVE), LIVE, pid=trainer.pid)
     try:
         assert [run["status"] for run in finder.summaries(())] == ["running"]
@@ -209,3 +216,22 @@ def test_a_running_run_whose_process_died_is_lost_though_its_log_is_unchanged(
     assert [run["status"] for run in finder.summaries(())] == ["running"]  # as read a while ago
     clock[0] = FRESH_S
     assert [run["status"] for run in finder.summaries(())] == ["lost"]
+
+
+def test_a_view_that_is_due_is_made_in_the_background_while_the_last_one_answers(
+        tmp_path: Path) -> None:
+    clock = [0.0]
+    due: list[Callable[[], None]] = []
+    finder = RunFinder(tmp_path, clock=lambda: clock[0], background=due.append)
+    assert finder.summaries(()) == []  # the first view is made at once
+    write_run(in_folder(tmp_path, LIVE), LIVE)
+    clock[0] = SCAN_FRESH_S
+    assert finder.summaries(()) == []  # the last view answers while the next is due
+    assert finder.summaries(()) == []
+    assert len(due) == 1  # one making at a time
+    due[0]()
+    assert [run["id"] for run in finder.summaries(())] == [LIVE]
+    write_run(in_folder(tmp_path / "b", DONE), DONE, kernel="k", at=T0 - 100)
+    index(DONE, in_folder(tmp_path / "b", DONE), "k")
+    assert [run["id"] for run in finder.summaries(("k",))] == [LIVE, DONE]  # other kernels:
+    assert len(due) == 1  # made at once

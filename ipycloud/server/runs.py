@@ -3,10 +3,11 @@ kernels or with a log under its root folder, and the logs a bounded walk of the 
 finds in ``.ipycloud-runs`` folders.
 
 Everything here reads files: the handlers call it in an executor thread. Many clients poll
-at once, so what one request finds serves the others: the runs found for FRESH_S seconds
-(looking again, and walking the root every SCAN_FRESH_S, on one thread while the others
-answer from the previous findings), each log's records and summary for FRESH_S; a log is
-parsed again only when its size or time changed.
+at once, so one view of the runs (their logs' records and summaries) serves them all. A
+request that finds the view FRESH_S old has it made again on a thread of its own and
+answers from the one it found, so no request waits for the files but the first, or one
+made for another set of kernels. Making the view parses a log again only when its size or
+time changed, and walks the root folder only every SCAN_FRESH_S.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ SCAN_DEPTH = 6  # folders below the root the walk goes down
 SCAN_FOLDERS = 5000  # folders it reads at most
 SCAN_SECONDS = 2.0  # and for at most this long
 SCAN_FRESH_S = 5.0  # its findings serve this long
-FRESH_S = 1.0  # the runs found, and each log's records and summary, serve this long
+FRESH_S = 1.0  # the view of the runs serves this long before it is made again
 SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "site-packages"})  # and hidden ones
 
 
@@ -41,75 +42,87 @@ class _Log:
     state: tuple[int, int, int]  # inode, size, modification time (ns)
     lines: list[Json]
     summary: Json
-    read_at: float  # the clock when the state was looked at
 
 
 @dataclass(frozen=True)
-class _Found:
-    """The server's run logs by run id, as found at one time."""
+class _View:
+    """The server's runs as found at one time."""
 
-    kernels: Collection[str]
-    logs: dict[str, Path]
-    found_at: float
+    kernels: Collection[str]  # the kernels it was made for
+    logs: dict[str, _Log]  # by run id
+    summaries: list[Json]  # newest first
+    made_at: float
+
+
+def _in_thread(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="ipycloud-runs", daemon=True).start()
 
 
 class RunFinder:
     """The runs of one server: ``root`` is its root folder; ``clock`` (monotonic seconds)
-    times what is kept. Thread-safe: one thread at a time looks for logs or reads one,
-    and the others then use what it found."""
+    times the view; ``background`` runs the making of a view that is due (on a thread of
+    its own). Thread-safe."""
 
-    def __init__(self, root: Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, root: Path, clock: Callable[[], float] = time.monotonic,
+                 background: Callable[[Callable[[], None]], None] = _in_thread) -> None:
         self._root = Path(os.path.abspath(root))
         self._clock = clock
+        self._background = background
+        self._view: _View | None = None
+        self._making = threading.Lock()  # held while a view is made
         self._walk: list[Path] | None = None  # the last walk's logs
         self._walked_at = 0.0
-        self._found: _Found | None = None
-        self._finding = threading.Lock()
-        self._logs: dict[Path, _Log] = {}
-        self._reading = threading.Lock()
+        self._logs: dict[Path, _Log] = {}  # as the last view read them
 
     def summaries(self, kernels: Collection[str]) -> list[Json]:
         """The summary (RunSummary JSON) of each run, newest first; ``kernels`` are the ids
         of the server's kernels."""
-        read = [self._read(log) for log in self._found_logs(kernels).values()]
-        found = [log.summary for log in read if log is not None]
-        return sorted(found, key=lambda summary: summary["updated"] or 0.0, reverse=True)
+        return self._current(kernels).summaries
 
     def run(self, run_id: str, kernels: Collection[str],
             since: float | None) -> tuple[Json, list[Json]] | None:
         """The summary of the run ``run_id`` and its records after ``since`` (all without);
-        None when the server has no run of that id or its log can no longer be read."""
-        path = self._found_logs(kernels).get(run_id)
-        log = None if path is None else self._read(path)
+        None when the server has no run of that id."""
+        log = self._current(kernels).logs.get(run_id)
         if log is None:
             return None
         newer = log.lines if since is None else [line for line in log.lines if line["t"] > since]
         return log.summary, newer
 
-    def _found_logs(self, kernels: Collection[str]) -> dict[str, Path]:
-        """The server's run logs by run id (of two logs of one id, the one changed last),
-        looked for again when FRESH_S old, by one thread while the others use the previous
-        findings, or at once for other kernels."""
-        found = self._found
-        current = found is not None and found.kernels == kernels
-        if found is not None and current and self._clock() - found.found_at < FRESH_S:
-            return found.logs
-        if not self._finding.acquire(blocking=not current):
-            assert found is not None
-            return found.logs
+    def _current(self, kernels: Collection[str]) -> _View:
+        """The view for ``kernels``: made now when there is none for them, else the one
+        there is, a new one being made in the background when it is FRESH_S old."""
+        view = self._view
+        if view is None or view.kernels != kernels:
+            with self._making:
+                view = self._view
+                return (view if view is not None and view.kernels == kernels
+                        else self._make(kernels))
+        if self._clock() - view.made_at >= FRESH_S and self._making.acquire(blocking=False):
+            self._background(lambda: self._make_and_release(kernels))
+        return self._view or view
+
+    def _make_and_release(self, kernels: Collection[str]) -> None:
         try:
-            paths = dict.fromkeys([*self._indexed(kernels), *self._walked()])
-            by_id: dict[str, Path] = {}
-            for path in paths:
-                other = by_id.get(path.stem)
-                if other is None or _changed(path) > _changed(other):
-                    by_id[path.stem] = path
-            self._found = _Found(kernels, by_id, self._clock())
+            self._make(kernels)
         finally:
-            self._finding.release()
-        with self._reading:  # forget the logs no longer found
-            self._logs = {path: log for path, log in self._logs.items() if path in paths}
-        return by_id
+            self._making.release()
+
+    def _make(self, kernels: Collection[str]) -> _View:
+        """Find the logs and read them into a new view (the caller holds ``_making``)."""
+        paths = dict.fromkeys([*self._indexed(kernels), *self._walked()])
+        read = {path: log for path, log in zip(paths, map(self._read, paths), strict=True)
+                if log is not None}
+        by_id: dict[str, _Log] = {}
+        for path, log in read.items():  # of two logs of one run, the one changed last
+            other = by_id.get(path.stem)
+            if other is None or log.state[2] > other.state[2]:
+                by_id[path.stem] = log
+        summaries = sorted((log.summary for log in by_id.values()),
+                           key=lambda summary: summary["updated"] or 0.0, reverse=True)
+        self._logs = read
+        self._view = _View(kernels, by_id, summaries, self._clock())
+        return self._view
 
     def _indexed(self, kernels: Collection[str]) -> Iterator[Path]:
         """The logs of the user's index whose run is of one of ``kernels`` or under the
@@ -128,35 +141,27 @@ class RunFinder:
                 yield log
 
     def _walked(self) -> list[Path]:
-        """The logs the last walk of the root found, walked again when SCAN_FRESH_S old
-        (called by the one thread looking for logs)."""
+        """The logs the last walk of the root found, walked again when SCAN_FRESH_S old."""
         if self._walk is None or self._clock() - self._walked_at >= SCAN_FRESH_S:
             self._walk = walk(self._root, self._clock)
             self._walked_at = self._clock()
         return self._walk
 
     def _read(self, path: Path) -> _Log | None:
-        """The records and summary of the log at ``path``: looked at again when FRESH_S
-        old, parsed again only when the file changed, summarized again then or while the
-        run is running (it may have died); None when it cannot be read."""
-        with self._reading:
-            now = self._clock()
-            log = self._logs.get(path)
-            if log is not None and now - log.read_at < FRESH_S:
-                return log
-            try:
-                stat = path.stat()
-                state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                same = log is not None and log.state == state
-                lines = log.lines if log is not None and same else records.read_records(path)
-            except OSError:
-                return None
-            if log is not None and same and log.summary["status"] != RUNNING:
-                summary = log.summary
-            else:
-                summary = summarize(path, lines).to_json()
-            self._logs[path] = log = _Log(state, lines, summary, now)
+        """The records and summary of the log at ``path``, parsed again only when the file
+        changed, summarized again then or while the run is running (it may have died);
+        None when it cannot be read."""
+        log = self._logs.get(path)
+        try:
+            stat = path.stat()
+            state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            same = log is not None and log.state == state
+            lines = log.lines if log is not None and same else records.read_records(path)
+        except OSError:
+            return None
+        if log is not None and same and log.summary["status"] != RUNNING:
             return log
+        return _Log(state, lines, summarize(path, lines).to_json())
 
 
 def walk(root: Path, clock: Callable[[], float] = time.monotonic) -> list[Path]:
@@ -206,10 +211,3 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
-
-
-def _changed(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return 0
