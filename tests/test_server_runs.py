@@ -235,3 +235,25 @@ def test_a_view_that_is_due_is_made_in_the_background_while_the_last_one_answers
     index(DONE, in_folder(tmp_path / "b", DONE), "k")
     assert [run["id"] for run in finder.summaries(("k",))] == [LIVE, DONE]  # other kernels:
     assert len(due) == 1  # made at once
+
+
+def test_the_lines_appended_to_a_log_are_read_each_once_when_whole(tmp_path: Path) -> None:
+    clock = [0.0]
+    finder = RunFinder(tmp_path, clock=lambda: clock[0], background=inline)
+    log = write_run(in_folder(tmp_path, LIVE), LIVE)
+
+    def steps() -> list[int]:
+        found = finder.run(LIVE, (), None)
+        assert found is not None
+        clock[0] += FRESH_S
+        return [line["step"] for line in found[1] if line["kind"] == "step"]
+
+    assert steps() == [1, 2, 3]
+    with log.open("a") as file:  # a line whole, the next one half written
+        file.write(json.dumps({"t": T0 + 4, "kind": "step", "step": 4}) + '\n{"t": 1700000005')
+    assert steps() == [1, 2, 3, 4]
+    with log.open("a") as file:
+        file.write(', "kind": "step", "step": 5}\n')
+    assert steps() == [1, 2, 3, 4, 5]
+    write_run(log, LIVE, steps=1)  # another log in its place, shorter
+    assert steps() == [1]

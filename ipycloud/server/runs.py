@@ -6,8 +6,8 @@ Everything here reads files: the handlers call it in an executor thread. Many cl
 at once, so one view of the runs (their logs' records and summaries) serves them all. A
 request that finds the view FRESH_S old has it made again on a thread of its own and
 answers from the one it found, so no request waits for the files but the first, or one
-made for another set of kernels. Making the view parses a log again only when its size or
-time changed, and walks the root folder only every SCAN_FRESH_S.
+made for another set of kernels. Making the view parses only the lines appended to a log
+since the last one, and walks the root folder only every SCAN_FRESH_S.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class _Log:
     """A log's records and summary as of one state of the file."""
 
     state: tuple[int, int, int]  # inode, size, modification time (ns)
+    parsed: int  # the bytes of whole lines parsed, from the start
     lines: list[Json]
     summary: Json
 
@@ -148,20 +149,30 @@ class RunFinder:
         return self._walk
 
     def _read(self, path: Path) -> _Log | None:
-        """The records and summary of the log at ``path``, parsed again only when the file
-        changed, summarized again then or while the run is running (it may have died);
+        """The records and summary of the log at ``path``: the lines appended since the
+        last view parsed (the whole file when it is another one or shorter), the summary
+        made again when the log changed or while the run is running (it may have died);
         None when it cannot be read."""
         log = self._logs.get(path)
         try:
             stat = path.stat()
             state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            same = log is not None and log.state == state
-            lines = log.lines if log is not None and same else records.read_records(path)
+            if log is not None and log.state == state:
+                if log.summary["status"] != RUNNING:
+                    return log
+                return replace(log, summary=summarize(path, log.lines).to_json())
+            grown = log is not None and log.state[0] == stat.st_ino and stat.st_size >= log.parsed
+            start = log.parsed if log is not None and grown else 0
+            with path.open("rb") as file:
+                file.seek(start)
+                appended = file.read()
         except OSError:
             return None
-        if log is not None and same and log.summary["status"] != RUNNING:
-            return log
-        return _Log(state, lines, summarize(path, lines).to_json())
+        whole = appended.rfind(b"\n") + 1  # a last line without its newline is being written
+        new = [record for record in map(records.parse_record, appended[:whole].splitlines())
+               if record is not None]
+        lines = log.lines + new if log is not None and grown else new
+        return _Log(state, start + whole, lines, summarize(path, lines).to_json())
 
 
 def walk(root: Path, clock: Callable[[], float] = time.monotonic) -> list[Path]:
