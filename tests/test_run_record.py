@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import signal
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,26 @@ def test_lines_kept_while_the_storage_fails_are_written_once_it_answers(
     assert [row["step"] for row in run.steps] == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     assert [event["event"] for event in run.events] == ["fallback", "fallback", "copied_back"]
     assert run.status == "finished"
+
+
+def test_the_start_names_the_jupyter_kernel_and_its_notebook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    connection = "/root/.local/share/jupyter/runtime/kernel-4f6c1e2a-77b1-4c1b-9d8e-1f.json"
+    monkeypatch.setattr(sys, "argv", ["/usr/lib/ipykernel_launcher.py", "-f", connection])
+    monkeypatch.setenv("JPY_SESSION_NAME", "/content/my runs/train 'a'.ipynb")
+    train(tmp_path, epochs=1)
+
+    run = ended(tmp_path)
+    assert (run.start["kernel"], run.start["notebook"]) == ("4f6c1e2a-77b1-4c1b-9d8e-1f",
+                                                            "train 'a'.ipynb")
+    assert run.to_json()["kernel"] == "4f6c1e2a-77b1-4c1b-9d8e-1f"
+
+
+def test_a_script_outside_jupyter_is_named_as_the_notebook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["/home/me/train.py", "--lr", "0.1"])
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    train(tmp_path, epochs=1)
+
+    run = ended(tmp_path)
+    assert (run.start["kernel"], run.start["notebook"]) == (None, "train.py")
