@@ -14,6 +14,7 @@ from waiting import wait_for
 
 from ipycloud.runtime.monitor.network import NetworkMeter
 from ipycloud.server.history import COMPACT_EVERY_S, KeptHistory
+from ipycloud.server.settings import IpycloudServer
 
 DAY = 86400.0
 NOW = 1_800_000_000.0  # the fake clock's time
@@ -179,3 +180,12 @@ def test_a_restarted_server_serves_the_history_of_the_one_before(tmp_path: Path)
     assert len(read_back) >= 2  # the first server's, thinned to one a second
     assert len({int(stamp) for stamp in read_back}) == len(read_back)
     assert stamps[-1] > max(first_times)  # and the second's own
+
+
+def test_a_day_is_kept_by_default_in_ipyclouds_state_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPYCLOUD_STATE_DIR", str(tmp_path / "my state"))
+    settings = IpycloudServer()
+    assert settings.history == DAY
+    assert settings.history_file == str(tmp_path / "my state" / "server-history.jsonl")
+    assert settings.capacity == 600  # the objects kept for explaining deaths: ten minutes
