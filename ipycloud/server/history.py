@@ -53,11 +53,6 @@ class KeptHistory:
         self._file: int | None = None  # the history file, open for appending
         self._compacted = -math.inf
 
-    @property
-    def writes_file(self) -> bool:
-        """Whether readings go to the file (it is held and could be written)."""
-        return self._file is not None
-
     def open(self) -> None:
         """Read back the readings an earlier server kept and, holding the file's lock, start
         writing them (reads and writes files: call it off the event loop)."""
