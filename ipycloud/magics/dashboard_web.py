@@ -1,13 +1,20 @@
-"""How ``%dashboard`` shows the page the kernel serves itself: through Colab's kernel-port
-iframe on Colab, elsewhere in an iframe of the notebook (or as its address in a terminal)."""
+"""How ``%dashboard`` shows the dashboard page: through Colab's kernel-port iframe on Colab;
+where the kernel was started by a Jupyter server with ipycloud's extension, the page that
+server serves under its own authentication (so a browser on another machine reaches it);
+elsewhere the page the kernel serves itself, in an iframe of the notebook (or as its address
+in a terminal)."""
 
 from __future__ import annotations
 
 import html
+import os
+from pathlib import Path
+from urllib.parse import urlencode
 
 from ipycloud.runtime.machine.platform import detect_platform
 from ipycloud.runtime.monitor.sampler import check_view_pace
-from ipycloud.runtime.monitor.webpage import serve_page
+from ipycloud.runtime.monitor.session import start_monitoring
+from ipycloud.runtime.monitor.webpage import SERVER_PAGE_ENV, serve_page
 
 # The page's cards (one per GPU, CPU and RAM, disks) sit three to a row in a notebook's
 # output area: pixels for its header, and for each row of cards.
@@ -28,6 +35,8 @@ class PageView:
                 'style="border: 0" title="ipycloud dashboard"></iframe>')
 
     def __repr__(self) -> str:
+        if self.url.startswith("/"):
+            return f"ipycloud dashboard page: {self.url} on the Jupyter server"
         return f"ipycloud dashboard page: {self.url} (%dashboard stop closes it)"
 
 
@@ -38,10 +47,17 @@ def on_colab() -> bool:
 
 
 def show_page(interval: float, history: float) -> PageView | None:
-    """Start (or keep) the kernel's page server at ``interval`` and show its page with
-    ``history`` seconds of sparklines: on Colab through its kernel-port iframe, shown at
-    once (None is returned); elsewhere as a PageView to display."""
+    """Show the dashboard page with ``history`` seconds of sparklines: on Colab the kernel's
+    page server (started at ``interval``) through Colab's kernel-port iframe, shown at once
+    (None is returned); else a PageView to display, of the Jupyter server's page where that
+    server has ipycloud's extension (it keeps its own pace), or of the kernel's server."""
     check_view_pace(interval, history)  # a mistake starts nothing
+    server_page = os.environ.get(SERVER_PAGE_ENV)
+    if server_page and not on_colab():
+        sampler = start_monitoring()  # for %dashboard report, as the kernel's page does
+        sample = sampler.latest() or sampler.sample_now()
+        query = {"history": f"{history:g}", **kernel_query()}
+        return PageView(f"{server_page}?{urlencode(query)}", page_height(len(sample.gpus)))
     server = serve_page(interval)
     height = page_height(len(server.latest().gpus))
     if on_colab():
@@ -57,3 +73,16 @@ def page_height(gpus: int) -> int:
     """Pixels the page takes without scrolling, with ``gpus`` GPU cards."""
     rows = -(-(gpus + 2) // CARDS_PER_ROW)
     return HEADER_PX + CARD_ROW_PX * rows
+
+
+def kernel_query() -> dict[str, str]:
+    """``{"kernel": <this Jupyter kernel's id>}``, so that the server's page shows this
+    kernel's runs; empty outside a Jupyter kernel."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        name = Path(get_connection_file()).stem
+    except (ImportError, RuntimeError):  # not in a kernel
+        return {}
+    kernel = name.removeprefix("kernel-")
+    return {"kernel": kernel} if kernel != name else {}

@@ -15,6 +15,7 @@ from ipycloud.server.handlers import (
     ReadingHandler,
     Services,
 )
+from ipycloud.server.page import published_page_route
 
 API_PATH = "ipycloud/api"
 
@@ -29,4 +30,5 @@ def add_routes(web_app: Any, services: Services) -> None:
         (url_path_join(base, "kernels"), KernelsHandler),
         (url_path_join(base, "kernels", "(?P<kernel_id>[^/]+)"), KernelHandler),
         (url_path_join(base, "events"), EventsHandler),
+        published_page_route(web_app.settings["base_url"]),
     ])
