@@ -298,7 +298,7 @@ def test_dashboard_web_shows_the_page_in_an_iframe(web_shell: Any) -> None:
     query = parse_qs(url.query)
     assert (url.scheme, url.hostname, url.path) == ("http", "127.0.0.1", "/")
     assert query["history"] == ["30"]
-    html = web_shell.display_formatter.format(view)[0]["text/html"]
+    html = view._repr_html_()
     assert f'<iframe src="{view.url.replace("&", "&amp;")}"' in html
     assert f'height="{view.height}"' in html
     assert repr(view) == f"ipycloud dashboard page: {view.url} (%dashboard stop closes it)"

@@ -12,27 +12,49 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 from ipycloud.runtime.machine.platform import detect_platform
-from ipycloud.runtime.monitor.sampler import check_view_pace
+from ipycloud.runtime.monitor.sampler import Sampler, check_view_pace
 from ipycloud.runtime.monitor.session import start_monitoring
+from ipycloud.runtime.monitor.snapshot import SNAPSHOT_CLASS, Snapshot
 from ipycloud.runtime.monitor.webpage import SERVER_PAGE_ENV, serve_page
+from ipycloud.widgets.stills import Stills
 
 # The page's cards (one per GPU, CPU and RAM, disks) sit three to a row in a notebook's
-# output area: pixels for its header, and for each row of cards.
+# output area: pixels for its header and the run of fit, and for each row of cards.
 HEADER_PX = 64
+RUN_PX = 280
 CARD_ROW_PX = 250
 CARDS_PER_ROW = 3
 
 
 class PageView:
-    """The dashboard page in an iframe where HTML is shown; elsewhere its address."""
+    """The dashboard page in an iframe where HTML is shown; elsewhere its address.
 
-    def __init__(self, url: str, height: int) -> None:
+    Beside the iframe its output holds a snapshot of the dashboard, hidden once the page
+    loads: an untrusted notebook (whose iframes JupyterLab removes) shows the snapshot.
+    ``end()`` replaces its outputs by a snapshot taken then, which a notebook saved later
+    keeps.
+    """
+
+    def __init__(self, url: str, height: int, sampler: Sampler) -> None:
         self.url = url
         self.height = height
+        self.sampler = sampler
+        self._stills = Stills()
 
     def _repr_html_(self) -> str:
-        return (f'<iframe src="{html.escape(self.url)}" width="100%" height="{self.height}" '
-                'style="border: 0" title="ipycloud dashboard"></iframe>')
+        snapshot = Snapshot(self.sampler.latest() or self.sampler.sample_now(),
+                            "shown where the live page is not")
+        hide = f"this.parentNode.querySelector('.{SNAPSHOT_CLASS}').hidden = true"
+        return (f'<div><iframe src="{html.escape(self.url)}" width="100%" '
+                f'height="{self.height}" style="border: 0" title="ipycloud dashboard" '
+                f'onload="{html.escape(hide)}"></iframe>{snapshot.html()}</div>')
+
+    def _ipython_display_(self) -> None:
+        self._stills.show({"text/html": self._repr_html_(), "text/plain": repr(self)})
+
+    def end(self, note: str = "the live page ended") -> Snapshot | None:
+        """Replace the view's outputs by a snapshot of the dashboard now."""
+        return self._stills.freeze(self.sampler, note)
 
     def __repr__(self) -> str:
         if self.url.startswith("/"):
@@ -57,7 +79,8 @@ def show_page(interval: float, history: float) -> PageView | None:
         sampler = start_monitoring()  # for %dashboard report, as the kernel's page does
         sample = sampler.latest() or sampler.sample_now()
         query = {"history": f"{history:g}", **kernel_query()}
-        return PageView(f"{server_page}?{urlencode(query)}", page_height(len(sample.gpus)))
+        return PageView(f"{server_page}?{urlencode(query)}", page_height(len(sample.gpus)),
+                        sampler)
     server = serve_page(interval)
     height = page_height(len(server.latest().gpus))
     if on_colab():
@@ -66,13 +89,13 @@ def show_page(interval: float, history: float) -> PageView | None:
         output.serve_kernel_port_as_iframe(server.port, path=server.path(history),
                                            height=str(height))
         return None
-    return PageView(server.url(history), height)
+    return PageView(server.url(history), height, server.sampler)
 
 
 def page_height(gpus: int) -> int:
     """Pixels the page takes without scrolling, with ``gpus`` GPU cards."""
     rows = -(-(gpus + 2) // CARDS_PER_ROW)
-    return HEADER_PX + CARD_ROW_PX * rows
+    return HEADER_PX + RUN_PX + CARD_ROW_PX * rows
 
 
 def kernel_query() -> dict[str, str]:

@@ -38,6 +38,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ipycloud.runtime.monitor import payloads
 from ipycloud.runtime.monitor.http_connections import ConnectionsServer
+from ipycloud.runtime.monitor.page_runs import NoSuchRun, run_answer, runs_answer
 from ipycloud.runtime.monitor.sampler import (
     DEFAULT_INTERVAL_S,
     VIEW_MIN_INTERVAL_S,
@@ -221,7 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             self._answer(answer(page, query))
-        except LookupError as error:  # no such run
+        except NoSuchRun as error:
             self._answer(_json(404, {"message": str(error)}))
         except ValueError as error:
             self._answer(_json(400, {"message": str(error)}))
@@ -284,14 +285,10 @@ def _history(page: PageServer, query: dict[str, str]) -> Answer:
 
 
 def _runs(page: PageServer, query: dict[str, str]) -> Answer:
-    from ipycloud.runtime.monitor.page_runs import runs_answer
-
     return 200, JSON, runs_answer()
 
 
 def _run(page: PageServer, query: dict[str, str]) -> Answer:
-    from ipycloud.runtime.monitor.page_runs import run_answer
-
     return 200, JSON, run_answer(query["id"], payloads.parse_since(query.get("since")))
 
 
