@@ -123,18 +123,19 @@ export class RunSection {
     const labels = series.map(([label]) => label).join();
     let chart = this._plots.get(name);
     if (chart && chart.labels !== labels) {
-      chart.plot.destroy();
-      chart.holder.remove();
-      chart = undefined;
+      chart.plot.destroy(); // a new series (the first validation): drawn anew, in its place
     }
-    if (!chart) {
-      const holder = element('div', { class: 'ipycloud-Run-chart', 'data-ipycloud-chart': name });
-      this._charts.append(holder);
+    if (!chart || chart.labels !== labels) {
+      const holder =
+        chart?.holder ??
+        this._charts.appendChild(
+          element('div', { class: 'ipycloud-Run-chart', 'data-ipycloud-chart': name })
+        );
       const plot = new uPlot(
         {
           width: Math.max(200, (this._charts.clientWidth || 600) / 3 - 12),
           height: CHART_HEIGHT,
-          scales: { x: { time: false } },
+          scales: { x: { time: false, range: padded } },
           axes: [{ label: axis }, {}],
           series: [
             { label: axis },
@@ -165,6 +166,11 @@ export class RunSection {
   private _eta = element('div', { class: 'ipycloud-Run-eta' });
   private _charts = element('div', { class: 'ipycloud-Run-charts' });
   private _plots = new Map<string, { plot: uPlot; holder: HTMLElement; labels: string }>();
+}
+
+/** The x axis's range: the data's, or one either side of a single value. */
+function padded(_plot: uPlot, min: number, max: number): uPlot.Range.MinMax {
+  return min === max ? [min - 1, max + 1] : [min, max];
 }
 
 /** A chart's series: its label, values, colour and line width (0: points only). */
