@@ -1,6 +1,8 @@
 """A notebook saved with the dashboard page in it keeps a readable snapshot: beside the
-live page's iframe (which JupyterLab removes from an untrusted notebook) while it is live,
-and in its place once ``%dashboard stop`` ended it; the snapshot lists the kernel's run."""
+live page's iframe, which stays hidden until the page says it is live (and which JupyterLab
+removes from an untrusted notebook), and in its place once ``%dashboard stop`` ended it; the
+snapshot lists the kernel's run. (tests/test_dashboard_snapshots_browser.py opens such
+notebooks in JupyterLab.)"""
 
 from __future__ import annotations
 
@@ -34,9 +36,11 @@ def test_the_live_output_holds_the_iframe_and_a_snapshot(tmp_path: Path) -> None
     cells = execute(dashboard_notebook(tmp_path / "state", stop=False), tmp_path).cells
     (shown,) = cells[1].outputs
     html = shown.data["text/html"]
-    assert re.match(r'<div><iframe src="http://127\.0\.0\.1:\d+/\?token=[^"]+" ', html)
-    assert "onload=\"this.parentNode.querySelector('.ipycloud-snapshot').hidden = true\"" in (
-        html.replace("&#x27;", "'"))
+    iframe = re.match(r'<div><iframe src="http://127\.0\.0\.1:\d+/\?token=[^"]+" [^>]* hidden '
+                      r'onload="(?P<onload>[^"]+)"></iframe><div class="ipycloud-snapshot">',
+                      html)
+    assert iframe, html  # hidden until the page says it is live, then the snapshot is
+    assert "frame.hidden = false; still.hidden = true;" in iframe["onload"]
     snapshot = SNAPSHOT.search(html)
     assert snapshot and snapshot["note"] == "shown where the live page is not"
     assert "a1b2c3d4e5f6" in snapshot["body"] and "4/100" in snapshot["body"]

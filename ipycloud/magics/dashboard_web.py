@@ -29,8 +29,9 @@ CARDS_PER_ROW = 3
 class PageView:
     """The dashboard page in an iframe where HTML is shown; elsewhere its address.
 
-    Beside the iframe its output holds a snapshot of the dashboard, hidden once the page
-    loads: an untrusted notebook (whose iframes JupyterLab removes) shows the snapshot.
+    Its output holds a snapshot of the dashboard and the iframe, hidden until the page
+    says it is live (a message to this window): a notebook reopened once the kernel is gone,
+    or untrusted (JupyterLab then removes iframes and their handlers), shows the snapshot.
     ``end()`` replaces its outputs by a snapshot taken then, which a notebook saved later
     keeps.
     """
@@ -44,10 +45,9 @@ class PageView:
     def _repr_html_(self) -> str:
         snapshot = Snapshot(self.sampler.latest() or self.sampler.sample_now(),
                             "shown where the live page is not")
-        hide = f"this.parentNode.querySelector('.{SNAPSHOT_CLASS}').hidden = true"
         return (f'<div><iframe src="{html.escape(self.url)}" width="100%" '
-                f'height="{self.height}" style="border: 0" title="ipycloud dashboard" '
-                f'onload="{html.escape(hide)}"></iframe>{snapshot.html()}</div>')
+                f'height="{self.height}" style="border: 0" title="ipycloud dashboard" hidden '
+                f'onload="{html.escape(_SHOW_WHEN_LIVE)}"></iframe>{snapshot.html()}</div>')
 
     def _ipython_display_(self) -> None:
         self._stills.show({"text/html": self._repr_html_(), "text/plain": repr(self)})
@@ -60,6 +60,15 @@ class PageView:
         if self.url.startswith("/"):
             return f"ipycloud dashboard page: {self.url} on the Jupyter server"
         return f"ipycloud dashboard page: {self.url} (%dashboard stop closes it)"
+
+
+# The iframe's onload handler: once the page in it posts that it is live, the iframe shows
+# and the snapshot beside it hides.
+_SHOW_WHEN_LIVE = (
+    "var frame = this, still = frame.parentNode.querySelector('." + SNAPSHOT_CLASS + "');"
+    "window.addEventListener('message', function (event) {"
+    " if (event.source === frame.contentWindow && event.data"
+    " && event.data.ipycloud === 'live') { frame.hidden = false; still.hidden = true; } });")
 
 
 def on_colab() -> bool:

@@ -23,6 +23,10 @@ const poller = new KernelPoller(
   () => {
     page.render(poller, runs);
     void runs.update(); // at the readings' pace, one request after the other
+    if (poller.connection.state === 'live' && window.parent !== window) {
+      // The notebook's output shows this page, in place of its snapshot, once it is live.
+      window.parent.postMessage({ ipycloud: 'live' }, '*');
+    }
   }
 );
 page.render(poller, runs);
