@@ -1,4 +1,5 @@
-"""Helpers shared by the checkpoint tests: forked children and bitwise state comparison."""
+"""Helpers shared by the checkpoint tests: forked children, bitwise state comparison, and
+a callback that acts at given steps of ``fit``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,18 @@ from typing import Any
 import torch
 
 FORK = multiprocessing.get_context("fork")
+
+
+class At:
+    """A ``fit`` callback that does something after given steps (a mount dropping out, an
+    interrupt)."""
+
+    def __init__(self, actions: dict[int, Callable[[], object]]) -> None:
+        self.actions = actions
+
+    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        if step in self.actions:
+            self.actions[step]()
 
 
 def in_child(target: Callable[..., Any], *args: Any) -> Any:

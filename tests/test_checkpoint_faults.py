@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from checkpoint_helpers import differences
+from checkpoint_helpers import At, differences
 from faultfs import CHANGING, FaultyMount
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -45,17 +45,6 @@ def train(folder: Path | None, **options: Any) -> tuple[nn.Module, Any]:
     history = fit(model, optimizer, data(), epochs=EPOCHS, checkpoint=folder,
                   checkpoint_every=4, device="cpu", seed=3, **{"progress": False, **options})
     return model, history
-
-
-class At:
-    """Does something to the storage after given steps, as a mount dropping out would."""
-
-    def __init__(self, actions: dict[int, Callable[[], object]]) -> None:
-        self.actions = actions
-
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step in self.actions:
-            self.actions[step]()
 
 
 def told(caught: list[warnings.WarningMessage]) -> list[str]:

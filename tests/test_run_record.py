@@ -7,13 +7,14 @@ import errno
 import json
 import os
 import signal
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from checkpoint_helpers import differences
+from checkpoint_helpers import At, differences
 from faultfs import FaultyMount
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -50,17 +51,6 @@ def ended(folder: Path) -> RunSummary:
     wait_for(lambda: read_records(log)[-1]["kind"] == "end", what="the run's end")
     [run] = ipycloud.runs(folder)
     return run
-
-
-class InterruptAt:
-    """Sends this process SIGINT after a given step, as the notebook's Stop button does."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step == self.step:
-            os.kill(os.getpid(), signal.SIGINT)
 
 
 def test_a_finished_run_records_what_fit_did(tmp_path: Path, state_home: Path) -> None:
@@ -125,7 +115,8 @@ def failing_loss(outputs: Any, targets: Any) -> Any:
      ["early_stop"], "early stop: val_loss has not improved for 1 epoch(s) since epoch 0"),
     ({"loss_fn": failing_loss}, RuntimeError, "failed", ["out_of_memory"],
      "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"),
-    ({"callbacks": [InterruptAt(3)]}, KeyboardInterrupt, "paused", ["pause"],
+    ({"callbacks": [At({3: lambda: os.kill(os.getpid(), signal.SIGINT)})]}, KeyboardInterrupt,
+     "paused", ["pause"],
      "KeyboardInterrupt: ipycloud.fit: interrupted at step 3; rerun this cell to continue"),
 ], ids=["stopped early", "out of memory", "interrupted"])
 def test_each_way_a_run_ends_reads_back_as_its_status(
@@ -208,16 +199,11 @@ def test_lines_kept_while_the_storage_fails_are_written_once_it_answers(
     folder = faulty_mount.path / "checkpoints"
     whole, _ = train(None, log_every=1)
 
-    class At:
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
-            if step == 3:
-                faulty_mount.fail(errno.EIO, ops=["create", "write", "fsync"])
-            if step == 12:
-                faulty_mount.heal()
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model, _ = train(folder, log_every=1, checkpoint_every=4, callbacks=[At()])
+        model, _ = train(folder, log_every=1, checkpoint_every=4, callbacks=[At({
+            3: lambda: faulty_mount.fail(errno.EIO, ops=["create", "write", "fsync"]),
+            12: faulty_mount.heal})])
 
     assert differences(model.state_dict(), whole.state_dict()) == []
     # told once at most (whether the record's thread met the failure depends on when it ran)
@@ -226,3 +212,26 @@ def test_lines_kept_while_the_storage_fails_are_written_once_it_answers(
     assert [row["step"] for row in run.steps] == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     assert [event["event"] for event in run.events] == ["fallback", "fallback", "copied_back"]
     assert run.status == "finished"
+
+
+def test_the_start_names_the_jupyter_kernel_and_its_notebook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    connection = "/root/.local/share/jupyter/runtime/kernel-4f6c1e2a-77b1-4c1b-9d8e-1f.json"
+    monkeypatch.setattr(sys, "argv", ["/usr/lib/ipykernel_launcher.py", "-f", connection])
+    monkeypatch.setenv("JPY_SESSION_NAME", "/content/my runs/train 'a'.ipynb")
+    train(tmp_path, epochs=1)
+
+    run = ended(tmp_path)
+    assert (run.start["kernel"], run.start["notebook"]) == ("4f6c1e2a-77b1-4c1b-9d8e-1f",
+                                                            "train 'a'.ipynb")
+    assert run.to_json()["kernel"] == "4f6c1e2a-77b1-4c1b-9d8e-1f"
+
+
+def test_a_script_outside_jupyter_is_named_as_the_notebook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["/home/me/train.py", "--lr", "0.1"])
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    train(tmp_path, epochs=1)
+
+    run = ended(tmp_path)
+    assert (run.start["kernel"], run.start["notebook"]) == (None, "train.py")

@@ -13,6 +13,8 @@ from ipycloud.server.handlers import (
     KernelHandler,
     KernelsHandler,
     ReadingHandler,
+    RunHandler,
+    RunsHandler,
     Services,
 )
 from ipycloud.server.page import published_page_route
@@ -30,5 +32,7 @@ def add_routes(web_app: Any, services: Services) -> None:
         (url_path_join(base, "kernels"), KernelsHandler),
         (url_path_join(base, "kernels", "(?P<kernel_id>[^/]+)"), KernelHandler),
         (url_path_join(base, "events"), EventsHandler),
+        (url_path_join(base, "runs"), RunsHandler),
+        (url_path_join(base, "runs", "(?P<run_id>[^/]+)"), RunHandler),
         published_page_route(web_app.settings["base_url"]),
     ])

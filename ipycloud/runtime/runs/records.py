@@ -78,7 +78,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     records = []
     lines = path.read_bytes().rstrip().split(b"\n")
     for number, line in enumerate(lines, start=1):
-        record = _parse(line) if line.strip() else None
+        record = parse_record(line) if line.strip() else None
         if record is not None:
             records.append(record)
         elif line.strip():
@@ -88,7 +88,7 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _parse(line: bytes) -> dict[str, Any] | None:
+def parse_record(line: bytes) -> dict[str, Any] | None:
     """The record on ``line``, or None where it is not one."""
     try:
         record = json.loads(line)

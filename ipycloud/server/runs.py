@@ -1,0 +1,224 @@
+"""The runs of ``fit`` a server shows: those the user's index of runs gives for the server's
+kernels or with a log under its root folder, and the logs a bounded walk of the root folder
+finds in ``.ipycloud-runs`` folders.
+
+Everything here reads files: the handlers call it in an executor thread. Many clients poll
+at once, so one view of the runs (their logs' records and summaries) serves them all. A
+request that finds the view FRESH_S old has it made again on a thread of its own and
+answers from the one it found, so no request waits for the files but the first, or one
+made for another set of kernels. Making the view parses only the lines appended to a log
+since the last one, and walks the root folder only every SCAN_FRESH_S.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs.summary import RUNNING, summarize
+
+Json = dict[str, Any]
+
+SCAN_DEPTH = 6  # folders below the root the walk goes down
+SCAN_FOLDERS = 5000  # folders it reads at most
+SCAN_SECONDS = 2.0  # and for at most this long
+SCAN_FRESH_S = 5.0  # its findings serve this long
+FRESH_S = 1.0  # the view of the runs serves this long before it is made again
+SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "site-packages"})  # and hidden ones
+
+
+@dataclass(frozen=True)
+class _Log:
+    """A log's records and summary as of one state of the file."""
+
+    state: tuple[int, int, int]  # inode, size, modification time (ns)
+    parsed: int  # the bytes of whole lines parsed, from the start
+    lines: list[Json]
+    summary: Json
+
+
+@dataclass(frozen=True)
+class _View:
+    """The server's runs as found at one time."""
+
+    kernels: Collection[str]  # the kernels it was made for
+    logs: dict[str, _Log]  # by run id
+    summaries: list[Json]  # newest first
+    made_at: float
+
+
+def _in_thread(work: Callable[[], None]) -> None:
+    threading.Thread(target=work, name="ipycloud-runs", daemon=True).start()
+
+
+class RunFinder:
+    """The runs of one server: ``root`` is its root folder; ``clock`` (monotonic seconds)
+    times the view; ``background`` runs the making of a view that is due (on a thread of
+    its own). Thread-safe."""
+
+    def __init__(self, root: Path, clock: Callable[[], float] = time.monotonic,
+                 background: Callable[[Callable[[], None]], None] = _in_thread) -> None:
+        self._root = Path(os.path.abspath(root))
+        self._clock = clock
+        self._background = background
+        self._view: _View | None = None
+        self._making = threading.Lock()  # held while a view is made
+        self._walk: list[Path] | None = None  # the last walk's logs
+        self._walked_at = 0.0
+        self._logs: dict[Path, _Log] = {}  # as the last view read them
+
+    def summaries(self, kernels: Collection[str]) -> list[Json]:
+        """The summary (RunSummary JSON) of each run, newest first; ``kernels`` are the ids
+        of the server's kernels."""
+        return self._current(kernels).summaries
+
+    def run(self, run_id: str, kernels: Collection[str],
+            since: float | None) -> tuple[Json, list[Json]] | None:
+        """The summary of the run ``run_id`` and its records after ``since`` (all without);
+        None when the server has no run of that id."""
+        log = self._current(kernels).logs.get(run_id)
+        if log is None:
+            return None
+        newer = log.lines if since is None else [line for line in log.lines if line["t"] > since]
+        return log.summary, newer
+
+    def _current(self, kernels: Collection[str]) -> _View:
+        """The view for ``kernels``: made now when there is none for them, else the one
+        there is, a new one being made in the background when it is FRESH_S old."""
+        view = self._view
+        if view is None or view.kernels != kernels:
+            with self._making:
+                view = self._view
+                return (view if view is not None and view.kernels == kernels
+                        else self._make(kernels))
+        if self._clock() - view.made_at >= FRESH_S and self._making.acquire(blocking=False):
+            self._background(lambda: self._make_and_release(kernels))
+        return self._view or view
+
+    def _make_and_release(self, kernels: Collection[str]) -> None:
+        try:
+            self._make(kernels)
+        finally:
+            self._making.release()
+
+    def _make(self, kernels: Collection[str]) -> _View:
+        """Find the logs and read them into a new view (the caller holds ``_making``)."""
+        paths = dict.fromkeys([*self._indexed(kernels), *self._walked()])
+        read = {path: log for path, log in zip(paths, map(self._read, paths), strict=True)
+                if log is not None}
+        by_id: dict[str, _Log] = {}
+        for path, log in read.items():  # of two logs of one run, the one changed last
+            other = by_id.get(path.stem)
+            if other is None or log.state[2] > other.state[2]:
+                by_id[path.stem] = log
+        summaries = sorted((log.summary for log in by_id.values()),
+                           key=lambda summary: summary["updated"] or 0.0, reverse=True)
+        self._logs = read
+        self._view = _View(kernels, by_id, summaries, self._clock())
+        return self._view
+
+    def _indexed(self, kernels: Collection[str]) -> Iterator[Path]:
+        """The logs of the user's index whose run is of one of ``kernels`` or under the
+        root, where they are files."""
+        try:
+            entries = list(records.index_dir().glob("*.json"))
+        except OSError:
+            return
+        for path in entries:
+            entry = _index_entry(path)
+            if entry is None:
+                continue
+            log = Path(os.path.abspath(entry["log"]))
+            if ((entry.get("kernel") in kernels or log.is_relative_to(self._root))
+                    and _is_file(log)):
+                yield log
+
+    def _walked(self) -> list[Path]:
+        """The logs the last walk of the root found, walked again when SCAN_FRESH_S old."""
+        if self._walk is None or self._clock() - self._walked_at >= SCAN_FRESH_S:
+            self._walk = walk(self._root, self._clock)
+            self._walked_at = self._clock()
+        return self._walk
+
+    def _read(self, path: Path) -> _Log | None:
+        """The records and summary of the log at ``path``: the lines appended since the
+        last view parsed (the whole file when it is another one or shorter), the summary
+        made again when the log changed or while the run is running (it may have died);
+        None when it cannot be read."""
+        log = self._logs.get(path)
+        try:
+            stat = path.stat()
+            state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if log is not None and log.state == state:
+                if log.summary["status"] != RUNNING:
+                    return log
+                return replace(log, summary=summarize(path, log.lines).to_json())
+            grown = log is not None and log.state[0] == stat.st_ino and stat.st_size >= log.parsed
+            start = log.parsed if log is not None and grown else 0
+            with path.open("rb") as file:
+                file.seek(start)
+                appended = file.read()
+        except OSError:
+            return None
+        whole = appended.rfind(b"\n") + 1  # a last line without its newline is being written
+        new = [record for record in map(records.parse_record, appended[:whole].splitlines())
+               if record is not None]
+        lines = log.lines + new if log is not None and grown else new
+        return _Log(state, start + whole, lines, summarize(path, lines).to_json())
+
+
+def walk(root: Path, clock: Callable[[], float] = time.monotonic) -> list[Path]:
+    """The run logs in the ``.ipycloud-runs`` folders under ``root``, found by a walk that
+    skips hidden folders, SKIPPED_FOLDERS and links, and stops at SCAN_DEPTH folders down,
+    SCAN_FOLDERS folders read or SCAN_SECONDS, whichever comes first."""
+    deadline = clock() + SCAN_SECONDS
+    logs: list[Path] = []
+    pending = deque([(root, 0)])  # breadth first: a bound stops the walk in the deepest
+    read = 0
+    while pending and read < SCAN_FOLDERS and clock() < deadline:
+        folder, depth = pending.popleft()
+        read += 1
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if not entry.is_dir(follow_symlinks=False):
+                        continue
+                    if entry.name == records.RECORD_FOLDER:
+                        logs.extend(_logs_in(Path(entry.path)))
+                    elif (depth < SCAN_DEPTH and not entry.name.startswith(".")
+                          and entry.name not in SKIPPED_FOLDERS):
+                        pending.append((Path(entry.path), depth + 1))
+        except OSError:  # a folder that cannot be read (permissions, a vanished mount)
+            continue
+    return logs
+
+
+def _logs_in(folder: Path) -> list[Path]:
+    try:
+        return records.logs_in(folder)
+    except OSError:
+        return []
+
+
+def _index_entry(path: Path) -> Json | None:
+    """An entry of the index that names its log; None for anything else."""
+    try:
+        entry = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
