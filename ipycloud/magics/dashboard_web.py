@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import os
-from pathlib import Path
 from urllib.parse import urlencode
 
 from ipycloud.runtime.machine.platform import detect_platform
@@ -16,6 +15,7 @@ from ipycloud.runtime.monitor.sampler import Sampler, check_view_pace
 from ipycloud.runtime.monitor.session import start_monitoring
 from ipycloud.runtime.monitor.snapshot import SNAPSHOT_CLASS, Snapshot
 from ipycloud.runtime.monitor.webpage import SERVER_PAGE_ENV, serve_page
+from ipycloud.runtime.runs.recorder import kernel_id
 from ipycloud.widgets.stills import Stills
 
 # The page's cards (one per GPU, CPU and RAM, disks) sit three to a row in a notebook's
@@ -110,11 +110,5 @@ def page_height(gpus: int) -> int:
 def kernel_query() -> dict[str, str]:
     """``{"kernel": <this Jupyter kernel's id>}``, so that the server's page shows this
     kernel's runs; empty outside a Jupyter kernel."""
-    try:
-        from ipykernel.connect import get_connection_file
-
-        name = Path(get_connection_file()).stem
-    except (ImportError, RuntimeError):  # not in a kernel
-        return {}
-    kernel = name.removeprefix("kernel-")
-    return {"kernel": kernel} if kernel != name else {}
+    kernel = kernel_id()
+    return {"kernel": kernel} if kernel else {}
