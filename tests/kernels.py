@@ -11,6 +11,7 @@ from typing import Any
 import nbformat
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
+from jupyter_process import JupyterProcess
 from nbclient import NotebookClient
 
 
@@ -46,6 +47,25 @@ def kernel(cwd: Path, **launch: Any) -> Iterator[tuple[KernelManager, BlockingKe
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
         manager.cleanup_resources()
+
+
+@contextmanager
+def session_kernel(server: JupyterProcess, notebook: str, base_url: str = "/"
+                   ) -> Iterator[tuple[str, BlockingKernelClient]]:
+    """The id of a kernel that ``server`` (at ``base_url``) started for ``notebook``, and a
+    client of it."""
+    session = server.api(f"{base_url.lstrip('/')}api/sessions", "POST", {
+        "path": notebook, "type": "notebook", "name": "", "kernel": {"name": "python3"}})
+    kernel_id = session["kernel"]["id"]
+    client = BlockingKernelClient(connection_file=str(
+        Path(server.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"))
+    client.load_connection_file()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield kernel_id, client
+    finally:
+        client.stop_channels()
 
 
 def run(client: BlockingKernelClient, code: str) -> str:

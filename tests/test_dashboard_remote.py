@@ -6,7 +6,6 @@ server only, the page follows the kernel's run of ``fit``."""
 
 from __future__ import annotations
 
-import contextlib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,10 +14,9 @@ from urllib.parse import parse_qs, urljoin, urlsplit
 
 import pytest
 from browser import ARTIFACTS, browser_page, missing_requirements
-from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_process import JupyterProcess
-from kernels import run
-from test_webpage_runs_browser import STEPS, TRAIN
+from kernels import run, session_kernel
+from test_webpage_runs_browser import start_training, wait_finished
 from waiting import wait_for
 
 BASE_URL = "/user/ada/"
@@ -54,26 +52,9 @@ def server(tmp_path: Path) -> Iterator[JupyterProcess]:
         server.close()
 
 
-@contextlib.contextmanager
-def notebook_kernel(server: JupyterProcess) -> Iterator[tuple[str, BlockingKernelClient]]:
-    """A kernel the server started for a notebook, and a client of it."""
-    session = server.api(f"{BASE_URL.strip('/')}/api/sessions", "POST", {
-        "path": "train.ipynb", "type": "notebook", "name": "", "kernel": {"name": "python3"}})
-    kernel_id = session["kernel"]["id"]
-    client = BlockingKernelClient(connection_file=str(
-        Path(server.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"))
-    client.load_connection_file()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        yield kernel_id, client
-    finally:
-        client.stop_channels()
-
-
 def test_dashboard_web_shows_the_servers_page_which_needs_the_servers_token(
         server: JupyterProcess) -> None:
-    with notebook_kernel(server) as (kernel_id, client):
+    with session_kernel(server, "train.ipynb", BASE_URL) as (kernel_id, client):
         src = run(client, "%load_ext ipycloud\nview = %dashboard --web --history 2m\n"
                           "print(view.url)").strip()
         html = run(client, "print(view._repr_html_())")
@@ -102,19 +83,12 @@ def test_dashboard_web_shows_the_servers_page_which_needs_the_servers_token(
 def test_through_the_server_the_page_follows_the_kernels_run(server: JupyterProcess) -> None:
     if missing := missing_requirements():
         pytest.fail("the browser test needs " + "; ".join(missing))
-    with notebook_kernel(server) as (kernel_id, client), browser_page(1200, 900) as page:
+    with (session_kernel(server, "train.ipynb", BASE_URL) as (_, client),
+          browser_page(1200, 900) as page):
         src = run(client, "%load_ext ipycloud\nview = %dashboard --web\nprint(view.url)").strip()
         page.goto(f"{server.base}{src}&token={server.token}")
         try:
-            page.locator("body[data-ipycloud-status='live']").wait_for(timeout=20_000)
-            client.execute(TRAIN)
-            section = page.locator("section.ipycloud-Run")
-            section.and_(page.locator("[data-ipycloud-run-status='finished']")).wait_for(
-                timeout=90_000)
-            assert section.locator(".ipycloud-Run-figures").inner_text().startswith(
-                f"step {STEPS}/{STEPS} (100%) · epoch 3/3")
-            assert section.locator("[data-ipycloud-chart='loss']").get_attribute(
-                "data-ipycloud-points") == str(STEPS)
+            wait_finished(page, start_training(page, client), 90)
             page.screenshot(path=str(ARTIFACTS / "dashboard-server-page-run.png"),
                             full_page=True)
         except Exception:

@@ -8,15 +8,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from page_process import scripted_probe
 from test_webpage import get, get_json
 
-from ipycloud.runtime.monitor.sampler import Sampler
 from ipycloud.runtime.monitor.webpage import PageServer
 
 SUMMARY_KEYS = {"id", "status", "notebook", "host", "pid", "kernel", "folder", "log",
@@ -57,20 +54,17 @@ def write_run(state: Path, run: str, pid: int, total_steps: int = 100) -> list[d
     return lines
 
 
-@pytest.fixture
-def page_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PageServer]:
-    monkeypatch.setenv("IPYCLOUD_STATE_DIR", str(tmp_path / "state with 'quotes'"))
-    sampler = Sampler(interval=0.1, probe=scripted_probe)
-    server = PageServer(sampler, interval=0.1).start()
-    yield server
-    server.stop()
-    sampler.stop()
+@pytest.fixture(autouse=True)
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """ipycloud's state folder, where the index of runs lies."""
+    folder = tmp_path / "state with 'quotes'"
+    monkeypatch.setenv("IPYCLOUD_STATE_DIR", str(folder))
+    return folder
 
 
 @pytest.fixture
-def lines(tmp_path: Path, page_server: PageServer) -> list[dict[str, Any]]:
+def lines(state: Path) -> list[dict[str, Any]]:
     """This process's run, and a run of another (the parent, a live process)."""
-    state = tmp_path / "state with 'quotes'"
     write_run(state, OTHERS, os.getppid())
     return write_run(state, MINE, os.getpid())
 

@@ -24,11 +24,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from IPython.core.error import UsageError
 from jupyter_process import refused
-from page_process import PageProcess, scripted_probe
+from page_process import PageProcess
 from waiting import wait_for
 
 from ipycloud.magics.dashboard_web import PageView, page_height
-from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
+from ipycloud.runtime.monitor.sampler import shared_sampler
 from ipycloud.runtime.monitor.webpage import (
     REQUEST_TIMEOUT_S,
     PageServer,
@@ -61,16 +61,6 @@ def get_json(server: PageServer, route: str, **query: object) -> Any:
     status, content_type, body = get(server, f"/api/{route}?{search}")
     assert (status, content_type) == (200, "application/json"), body
     return json.loads(body)
-
-
-@pytest.fixture
-def page_server() -> Iterator[PageServer]:
-    """A page server on its own sampler of made-up readings, every 0.1 s."""
-    sampler = Sampler(interval=0.1, probe=scripted_probe)
-    server = PageServer(sampler, interval=0.1).start()
-    yield server
-    server.stop()
-    sampler.stop()
 
 
 @pytest.fixture

@@ -10,9 +10,11 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from browser import ARTIFACTS, browser_page, missing_requirements
+from jupyter_client.blocking.client import BlockingKernelClient
 from kernels import kernel, run
 
 TESTS = Path(__file__).parent
@@ -40,6 +42,23 @@ TRAIN = ("import time, torch\n"
          "             callbacks=[Slowly()], checkpoint='checkpoints')")
 
 
+def start_training(page: Any, client: BlockingKernelClient) -> Any:
+    """Once the page is live, start TRAIN in the kernel; the page's run section."""
+    page.locator("body[data-ipycloud-status='live']").wait_for(timeout=20_000)
+    client.execute(TRAIN)
+    return page.locator("section.ipycloud-Run")
+
+
+def wait_finished(page: Any, section: Any, timeout_s: float) -> None:
+    """Wait until the run section says TRAIN finished, all its steps drawn."""
+    section.and_(page.locator("[data-ipycloud-run-status='finished']")).wait_for(
+        timeout=timeout_s * 1000)
+    assert section.locator(".ipycloud-Run-figures").inner_text().startswith(
+        f"step {STEPS}/{STEPS} (100%) · epoch 3/3")
+    assert section.locator("[data-ipycloud-chart='loss']").get_attribute(
+        "data-ipycloud-points") == str(STEPS)
+
+
 @pytest.fixture(autouse=True)
 def _browser_needed() -> None:
     if missing := missing_requirements():
@@ -55,9 +74,7 @@ def test_the_colab_page_shows_the_runs_progress_eta_and_curves(tmp_path: Path) -
         call = json.loads(run(client, SETUP).strip().splitlines()[-1])
         page.goto(f"http://127.0.0.1:{call['port']}{call['path']}")
         try:
-            page.locator("body[data-ipycloud-status='live']").wait_for(timeout=20_000)
-            client.execute(TRAIN)
-            section = page.locator("section.ipycloud-Run")
+            section = start_training(page, client)
             section.and_(page.locator("[data-ipycloud-run-status='running']")).wait_for(
                 timeout=30_000)
             page.wait_for_function(
@@ -79,10 +96,7 @@ def test_the_colab_page_shows_the_runs_progress_eta_and_curves(tmp_path: Path) -
                 .count("smoothed") == 1
             page.screenshot(path=str(ARTIFACTS / "dashboard-webpage-run.png"), full_page=True)
 
-            section.and_(page.locator("[data-ipycloud-run-status='finished']")).wait_for(
-                timeout=60_000)
-            assert section.locator(".ipycloud-Run-figures").inner_text().startswith(
-                f"step {STEPS}/{STEPS} (100%) · epoch 3/3")
+            wait_finished(page, section, 60)
             validation = section.locator("[data-ipycloud-chart='validation']")
             assert validation.get_attribute("data-ipycloud-points") == "3"  # one per epoch
             assert "val_accuracy" in validation.locator(".u-legend").inner_text()
