@@ -37,13 +37,10 @@ def kernel(cwd: Path, **launch: Any) -> Iterator[tuple[KernelManager, BlockingKe
     ``launch`` goes to its Popen (``stderr=file``: what a Jupyter server logs of it)."""
     manager = KernelManager(kernel_name="python3")
     manager.start_kernel(cwd=str(cwd), **launch)
-    client = manager.client()
-    client.start_channels()
     try:
-        client.wait_for_ready(timeout=60)
-        yield manager, client
+        with ready(manager.client()) as client:
+            yield manager, client
     finally:
-        client.stop_channels()
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
         manager.cleanup_resources()
@@ -60,10 +57,17 @@ def session_kernel(server: JupyterProcess, notebook: str, base_url: str = "/"
     client = BlockingKernelClient(connection_file=str(
         Path(server.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"))
     client.load_connection_file()
+    with ready(client):
+        yield kernel_id, client
+
+
+@contextmanager
+def ready(client: BlockingKernelClient) -> Iterator[BlockingKernelClient]:
+    """``client`` with its channels started and its kernel answering; stopped afterwards."""
     client.start_channels()
     try:
         client.wait_for_ready(timeout=60)
-        yield kernel_id, client
+        yield client
     finally:
         client.stop_channels()
 
