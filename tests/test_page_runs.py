@@ -123,3 +123,24 @@ def test_the_runs_need_the_token(page_server: PageServer, lines: list[dict[str, 
     assert get(page_server, f"{path}?token=not-it")[0] == 403
     code, _, body = get(page_server, path, {"Authorization": f"token {page_server.token}"})
     assert code == 200 and MINE in body.decode()
+
+
+def test_the_routes_follow_a_growing_log_and_a_run_resumed_here(
+        page_server: PageServer, state: Path, lines: list[dict[str, Any]]) -> None:
+    assert get_json(page_server, f"runs/{MINE}", since=T0 + 7)["records"] == []
+    log = Path(lines[0]["folder"]) / ".ipycloud-runs" / f"{MINE}.jsonl"
+    step = {"t": T0 + 8, "kind": "step", "step": 5, "epoch": 1, "loss": 0.2, "lr": 0.1,
+            "steps_per_s": 1.0, "samples_per_s": 8.0}
+    with log.open("a") as file:
+        file.write(json.dumps(step) + "\n" + '{"t": 1732410009.0, "kind": "st')  # being written
+    assert get_json(page_server, f"runs/{MINE}", since=T0 + 7)["records"] == [step]
+    (run,) = get_json(page_server, "runs")["runs"]
+    assert (run["step"], run["last_loss"]) == (5, 0.2)
+
+    # The other process's run, resumed by this one: its index entry now names this process.
+    assert [run["id"] for run in get_json(page_server, "runs")["runs"]] == [MINE]
+    entry = state / "runs" / "index" / f"{OTHERS}.json"
+    resumed = write_run(state, OTHERS, os.getpid())
+    os.utime(entry, ns=(1, 1))  # a change of the entry's time is what is looked at
+    assert get_json(page_server, f"runs/{OTHERS}")["records"] == resumed
+    assert {run["id"] for run in get_json(page_server, "runs")["runs"]} == {MINE, OTHERS}

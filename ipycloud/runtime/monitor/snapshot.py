@@ -24,7 +24,7 @@ class Snapshot:
     def __init__(self, sample: Sample, note: str) -> None:
         self.sample = sample
         self.note = note  # why it is a still: "the live view ended", ...
-        self.runs = RunsTable(process_runs(), "in this kernel")
+        self.runs = RunsTable(process_runs().summaries(), "in this kernel")
 
     def title(self) -> str:
         clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.sample.time))
