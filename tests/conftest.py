@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 from fake_nvml import BOARDS, FakeBoard, build_module
 from IPython.core.interactiveshell import InteractiveShell
+from page_process import scripted_probe
 from traitlets.config import Config
 
 from ipycloud.runtime.machine import nvml
+from ipycloud.runtime.monitor.sampler import Sampler
+from ipycloud.runtime.monitor.webpage import PageServer
 from ipycloud.runtime.per_process import reset_process_state
 
 # Fixtures of the loopback servers and of failing storage, for any test module that names
@@ -135,6 +138,16 @@ def colab_callbacks(monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[..., 
     for module in (google, colab, output):
         monkeypatch.setitem(sys.modules, module.__name__, module)
     return callbacks
+
+
+@pytest.fixture
+def page_server() -> Iterator[PageServer]:
+    """A dashboard page server on its own sampler of made-up readings, every 0.1 s."""
+    sampler = Sampler(interval=0.1, probe=scripted_probe)
+    server = PageServer(sampler, interval=0.1).start()
+    yield server
+    server.stop()
+    sampler.stop()
 
 
 _exit_status: list[int] = []

@@ -11,6 +11,7 @@ from typing import Any
 import nbformat
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
+from jupyter_process import JupyterProcess
 from nbclient import NotebookClient
 
 
@@ -36,16 +37,39 @@ def kernel(cwd: Path, **launch: Any) -> Iterator[tuple[KernelManager, BlockingKe
     ``launch`` goes to its Popen (``stderr=file``: what a Jupyter server logs of it)."""
     manager = KernelManager(kernel_name="python3")
     manager.start_kernel(cwd=str(cwd), **launch)
-    client = manager.client()
-    client.start_channels()
     try:
-        client.wait_for_ready(timeout=60)
-        yield manager, client
+        with ready(manager.client()) as client:
+            yield manager, client
     finally:
-        client.stop_channels()
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
         manager.cleanup_resources()
+
+
+@contextmanager
+def session_kernel(server: JupyterProcess, notebook: str, base_url: str = "/"
+                   ) -> Iterator[tuple[str, BlockingKernelClient]]:
+    """The id of a kernel that ``server`` (at ``base_url``) started for ``notebook``, and a
+    client of it."""
+    session = server.api(f"{base_url.lstrip('/')}api/sessions", "POST", {
+        "path": notebook, "type": "notebook", "name": "", "kernel": {"name": "python3"}})
+    kernel_id = session["kernel"]["id"]
+    client = BlockingKernelClient(connection_file=str(
+        Path(server.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{kernel_id}.json"))
+    client.load_connection_file()
+    with ready(client):
+        yield kernel_id, client
+
+
+@contextmanager
+def ready(client: BlockingKernelClient) -> Iterator[BlockingKernelClient]:
+    """``client`` with its channels started and its kernel answering; stopped afterwards."""
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield client
+    finally:
+        client.stop_channels()
 
 
 def run(client: BlockingKernelClient, code: str) -> str:

@@ -61,6 +61,8 @@ from pytest_jupyter.pytest_tornasync import (  # noqa: F401
 from tornado.httpclient import HTTPResponse
 from traitlets.config import Config
 
+from ipycloud.runtime.monitor.webpage import SERVER_PAGE_ENV
+
 T = TypeVar("T")
 MIB = 2**20
 RAM_LIMIT = 1024 * MIB
@@ -110,9 +112,14 @@ def server_extra_config() -> dict[str, Any]:
 
 @pytest.fixture
 def jp_server_config(fake_board: FakeBoard, system_root: Path,
-                     server_extra_config: dict[str, Any]) -> Config:
+                     server_extra_config: dict[str, Any],
+                     monkeypatch: pytest.MonkeyPatch) -> Config:
     """ipycloud's extension on a server that refuses unauthenticated access and fails
-    loudly when an extension does not load; restarts noticed within half a second."""
+    loudly when an extension does not load; restarts noticed within half a second. The
+    page's path the extension puts in the environment for its kernels is gone after the
+    test (the server runs in the test process)."""
+    monkeypatch.setenv(SERVER_PAGE_ENV, "")  # remembered as it was, to be put back
+    monkeypatch.delenv(SERVER_PAGE_ENV)
     config = Config({
         "ServerApp": {
             # Terminals are off: their websocket handler trips the check this asks for.

@@ -347,7 +347,7 @@ def test_text_view_rows_and_levels() -> None:
 def test_the_magic_shows_a_live_panel_records_cells_and_stops(magic_shell) -> None:
     dashboard = magic_shell.run_line_magic("dashboard", "--interval 0.1 --history 2s --cells")
     assert isinstance(dashboard, Dashboard) and dashboard.active
-    bundle = magic_shell.display_formatter.format(dashboard)[0]
+    bundle = dashboard._repr_mimebundle_()
     assert bundle[WIDGET_VIEW]["model_id"] == dashboard.widget.model_id
     # the persistent folder (the home) has a row of its own only on another file system
     assert bundle["text/plain"].startswith("<Dashboard live, every 0.1 s, rows cpu, ram, "
@@ -495,7 +495,9 @@ def test_wrong_lines_are_one_line_usage_errors(magic_shell, line: str, message: 
 
 
 def test_the_dashboard_in_a_real_kernel(tmp_path: Path) -> None:
-    """The sampler thread updates the widget models of a real kernel, and the comm carries it."""
+    """The sampler thread updates the widget models of a real kernel, and the comm carries it;
+    once stopped, the output the panel was shown in holds a snapshot instead of the widget,
+    whose model a notebook saved later no longer has."""
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in (
         "%load_ext ipycloud",
@@ -513,11 +515,18 @@ def test_the_dashboard_in_a_real_kernel(tmp_path: Path) -> None:
         "    time.sleep(0.05)\n"
         "print(json.dumps({'first': first, 'later': reading(), 'active': d.active,\n"
         "                  'comm': type(d.widget.comm).__name__,\n"
-        "                  'ram_model': d.rows['ram'].detail.model_id}))",
+        "                  'ram_model': d.rows['ram'].detail.model_id,\n"
+        "                  'panel_model': d.widget.model_id}))",
         "%dashboard stop",
     )]
     cells = execute(notebook, tmp_path).cells
-    shown = outputs(cells[2])[WIDGET_VIEW]
+    (shown,) = cells[2].outputs
+    assert WIDGET_VIEW not in shown.data  # replaced when the panel stopped
+    assert re.fullmatch(r'<div class="ipycloud-snapshot"><p><b>ipycloud dashboard at [\d :-]+ '
+                        r"\(the live panel stopped\)</b></p><table>.*</table></div>",
+                        shown.data["text/html"])
+    assert "this kernel" in shown.data["text/html"]  # the RAM row's figures
+    assert shown.data["text/plain"].startswith("ipycloud dashboard at ")
     result = json.loads(outputs(cells[3])["stdout"])
     first, later = result["first"], result["later"]
     assert result["active"] and result["comm"] != "DummyComm"
@@ -526,7 +535,7 @@ def test_the_dashboard_in_a_real_kernel(tmp_path: Path) -> None:
     assert rss[1] - rss[0] > 250  # the 300 MB block, seen by the sampler thread
     assert later["sparkline"] != first["sparkline"]
     state = notebook.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
-    assert shown["model_id"] in state  # the panel the client was shown
+    assert result["panel_model"] in state  # the panel the client was shown
     ram_label = state[result["ram_model"]]["state"]["value"]  # updates reached the client
     assert ram_label != first["rss"] and "this kernel" in ram_label
     assert outputs(cells[4])["text/plain"].startswith("stopped 1 dashboard")

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_process import JupyterProcess
-from kernels import execute, run
+from kernels import execute, run, session_kernel
 from tutorials import EXPECTED_OUTPUT, NOTEBOOKS, code_cells, problems
 
 COLAB = "https://colab.research.google.com/github/ipycloud/ipycloud/blob/main/notebooks/"
@@ -70,19 +69,9 @@ def test_the_jupyterlab_tutorial_reads_the_routes_of_the_server_that_runs_it(
     server = JupyterProcess(tmp_path / "home", tmp_path)
     try:
         server.wait_ready()
-        session = server.api("api/sessions", "POST", {
-            "path": "06-jupyterlab.ipynb", "type": "notebook", "name": "",
-            "kernel": {"name": "python3"}})
-        client = BlockingKernelClient(connection_file=str(
-            Path(server.env["JUPYTER_RUNTIME_DIR"]) / f"kernel-{session['kernel']['id']}.json"))
-        client.load_connection_file()
-        client.start_channels()
-        try:
-            client.wait_for_ready(timeout=60)
+        with session_kernel(server, "06-jupyterlab.ipynb") as (_, client):
             notebook = nbformat.read(NOTEBOOKS[0].parent / "06-jupyterlab.ipynb", as_version=4)
             text = "".join(run(client, cell.source) for cell in code_cells(notebook))
-        finally:
-            client.stop_channels()
     finally:
         server.close()
     assert f"Reading the routes of the Jupyter server at {server.base}/" in text

@@ -24,11 +24,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from IPython.core.error import UsageError
 from jupyter_process import refused
-from page_process import PageProcess, scripted_probe
+from page_process import PageProcess
 from waiting import wait_for
 
 from ipycloud.magics.dashboard_web import PageView, page_height
-from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
+from ipycloud.runtime.monitor.sampler import shared_sampler
 from ipycloud.runtime.monitor.webpage import (
     REQUEST_TIMEOUT_S,
     PageServer,
@@ -62,16 +62,6 @@ def get_json(server: PageServer, route: str, **query: object) -> Any:
     status, content_type, body = get(server, f"/api/{route}?{search}")
     assert (status, content_type) == (200, "application/json"), body
     return json.loads(body)
-
-
-@pytest.fixture
-def page_server() -> Iterator[PageServer]:
-    """A page server on its own sampler of made-up readings, every 0.1 s."""
-    sampler = Sampler(interval=0.1, probe=scripted_probe)
-    server = PageServer(sampler, interval=0.1).start()
-    yield server
-    server.stop()
-    sampler.stop()
 
 
 @pytest.fixture
@@ -348,7 +338,7 @@ def test_dashboard_web_shows_the_page_in_an_iframe(web_shell: Any) -> None:
     query = parse_qs(url.query)
     assert (url.scheme, url.hostname, url.path) == ("http", "127.0.0.1", "/")
     assert query["history"] == ["30"]
-    html = web_shell.display_formatter.format(view)[0]["text/html"]
+    html = view._repr_html_()
     assert f'<iframe src="{view.url.replace("&", "&amp;")}"' in html
     assert f'height="{view.height}"' in html
     assert repr(view) == f"ipycloud dashboard page: {view.url} (%dashboard stop closes it)"

@@ -26,7 +26,7 @@ EXPECTED_OUTPUT = {
                          "is already present and valid", "1 copied, 0 updated, 0 deleted",
                          "free space there:", "background sync: '",
                          "' every 10 min, running, "],
-    "05-monitoring.ipynb": ["resources at", "<Dashboard live, every 0.5 s", "final loss",
+    "05-monitoring.ipynb": ["resources at", "(the live panel stopped)", "final loss",
                             "samples so far", "this process's resident memory (RSS)",
                             "GPU-hours", "'instance': 'aws:g4dn.xlarge'",
                             "deadline actions", "2 checkpoints in guarded-checkpoints",

@@ -23,6 +23,7 @@ from ipycloud.magics._storage_errors import storage_problem
 if TYPE_CHECKING:
     import argparse
 
+    from ipycloud.magics.dashboard_web import PageView
     from ipycloud.runtime.monitor.cells import CellRecorder
     from ipycloud.widgets.dashboard import Dashboard
 
@@ -45,6 +46,7 @@ class DashboardMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
         self._dashboards: list[Dashboard] = []
+        self._pages: list[PageView] = []
         self._recorder: CellRecorder | None = None
 
     @help_option
@@ -78,12 +80,21 @@ class DashboardMagics(Magics):
         while a cell runs takes effect when the cell ends. Starting a dashboard also starts
         session monitoring, which ``%dashboard report`` totals.
 
-        ``--web`` shows the same figures as a page the kernel serves itself on a loopback
-        port, behind a random token, in an iframe: it needs no widgets and keeps updating
-        while a cell runs. On Colab, which does not draw widget updates sent while a cell
-        runs, plain ``%dashboard`` shows that page (through Colab's kernel-port iframe).
-        Outside Colab the iframe reaches the kernel's port only where the browser runs on
-        the kernel's machine; in a terminal ``--web`` prints the page's address.
+        ``--web`` shows the same figures as a page, in an iframe, with the run of
+        ``ipycloud.fit`` in this kernel (step of total, ETA against the session's time left,
+        loss, learning rate and validation curves): it needs no widgets and keeps updating
+        while a cell runs. Where a Jupyter server with ipycloud's extension started the
+        kernel (JupyterLab, JupyterHub, Binder), that server serves the page under its own
+        login, so a browser on another machine sees it; elsewhere the kernel serves it
+        itself on a loopback port behind a random token, which only a browser on the
+        kernel's machine reaches. On Colab, which does not draw widget updates sent while a
+        cell runs, plain ``%dashboard`` shows the kernel's page through Colab's kernel-port
+        iframe. In a terminal ``--web`` prints the page's address.
+
+        A notebook saved with a live view keeps a snapshot of the dashboard (tables of the
+        runs and resources): beside the page's iframe, shown where the iframe is not (an
+        untrusted notebook); and in place of the page or the panel once it stops (its Stop
+        button, or ``%dashboard stop``).
 
         Examples
         --------
@@ -144,8 +155,13 @@ class DashboardMagics(Magics):
 
         interval = args.interval or DEFAULT_INTERVAL_S
         history = args.history or VIEW_HISTORY_S
-        view = (show_page(interval, history) if args.web or on_colab()
-                else self._panel(interval, history))
+        view: Any
+        if args.web or on_colab():
+            view = show_page(interval, history)
+            if view is not None:
+                self._pages.append(view)
+        else:
+            view = self._panel(interval, history)
         if args.cells:
             self._record_cells()
         return view
@@ -234,6 +250,9 @@ class DashboardMagics(Magics):
         for dashboard in self._dashboards:
             dashboard.stop()
         self._dashboards.clear()
+        for view in self._pages:
+            view.end()
+        self._pages.clear()
         page = stop_page()
         recording = self._recorder is not None and self._recorder.recording
         if self._recorder is not None:

@@ -17,6 +17,7 @@ from ipycloud.server.handlers import (
     RunsHandler,
     Services,
 )
+from ipycloud.server.page import published_page_route
 
 API_PATH = "ipycloud/api"
 
@@ -33,4 +34,5 @@ def add_routes(web_app: Any, services: Services) -> None:
         (url_path_join(base, "events"), EventsHandler),
         (url_path_join(base, "runs"), RunsHandler),
         (url_path_join(base, "runs", "(?P<run_id>[^/]+)"), RunHandler),
+        published_page_route(web_app.settings["base_url"]),
     ])

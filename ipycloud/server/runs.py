@@ -12,18 +12,17 @@ since the last one, and walks the root folder only every SCAN_FRESH_S.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.summary import RUNNING, summarize
+from ipycloud.runtime.runs.following import FollowedLog, index_entry, read_log
 
 Json = dict[str, Any]
 
@@ -36,21 +35,11 @@ SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "site-packages"})  #
 
 
 @dataclass(frozen=True)
-class _Log:
-    """A log's records and summary as of one state of the file."""
-
-    state: tuple[int, int, int]  # inode, size, modification time (ns)
-    parsed: int  # the bytes of whole lines parsed, from the start
-    lines: list[Json]
-    summary: Json
-
-
-@dataclass(frozen=True)
 class _View:
     """The server's runs as found at one time."""
 
     kernels: Collection[str]  # the kernels it was made for
-    logs: dict[str, _Log]  # by run id
+    logs: dict[str, FollowedLog]  # by run id
     summaries: list[Json]  # newest first
     made_at: float
 
@@ -73,7 +62,7 @@ class RunFinder:
         self._making = threading.Lock()  # held while a view is made
         self._walk: list[Path] | None = None  # the last walk's logs
         self._walked_at = 0.0
-        self._logs: dict[Path, _Log] = {}  # as the last view read them
+        self._logs: dict[Path, FollowedLog] = {}  # as the last view read them
 
     def summaries(self, kernels: Collection[str]) -> list[Json]:
         """The summary (RunSummary JSON) of each run, newest first; ``kernels`` are the ids
@@ -87,8 +76,7 @@ class RunFinder:
         log = self._current(kernels).logs.get(run_id)
         if log is None:
             return None
-        newer = log.lines if since is None else [line for line in log.lines if line["t"] > since]
-        return log.summary, newer
+        return log.summary, log.after(since)
 
     def _current(self, kernels: Collection[str]) -> _View:
         """The view for ``kernels``: made now when there is none for them, else the one
@@ -114,7 +102,7 @@ class RunFinder:
         paths = dict.fromkeys([*self._indexed(kernels), *self._walked()])
         read = {path: log for path, log in zip(paths, map(self._read, paths), strict=True)
                 if log is not None}
-        by_id: dict[str, _Log] = {}
+        by_id: dict[str, FollowedLog] = {}
         for path, log in read.items():  # of two logs of one run, the one changed last
             other = by_id.get(path.stem)
             if other is None or log.state[2] > other.state[2]:
@@ -133,7 +121,7 @@ class RunFinder:
         except OSError:
             return
         for path in entries:
-            entry = _index_entry(path)
+            entry = index_entry(path)
             if entry is None:
                 continue
             log = Path(os.path.abspath(entry["log"]))
@@ -148,31 +136,8 @@ class RunFinder:
             self._walked_at = self._clock()
         return self._walk
 
-    def _read(self, path: Path) -> _Log | None:
-        """The records and summary of the log at ``path``: the lines appended since the
-        last view parsed (the whole file when it is another one or shorter), the summary
-        made again when the log changed or while the run is running (it may have died);
-        None when it cannot be read."""
-        log = self._logs.get(path)
-        try:
-            stat = path.stat()
-            state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            if log is not None and log.state == state:
-                if log.summary["status"] != RUNNING:
-                    return log
-                return replace(log, summary=summarize(path, log.lines).to_json())
-            grown = log is not None and log.state[0] == stat.st_ino and stat.st_size >= log.parsed
-            start = log.parsed if log is not None and grown else 0
-            with path.open("rb") as file:
-                file.seek(start)
-                appended = file.read()
-        except OSError:
-            return None
-        whole = appended.rfind(b"\n") + 1  # a last line without its newline is being written
-        new = [record for record in map(records.parse_record, appended[:whole].splitlines())
-               if record is not None]
-        lines = log.lines + new if log is not None and grown else new
-        return _Log(state, start + whole, lines, summarize(path, lines).to_json())
+    def _read(self, path: Path) -> FollowedLog | None:
+        return read_log(path, self._logs.get(path))
 
 
 def walk(root: Path, clock: Callable[[], float] = time.monotonic) -> list[Path]:
@@ -206,15 +171,6 @@ def _logs_in(folder: Path) -> list[Path]:
         return records.logs_in(folder)
     except OSError:
         return []
-
-
-def _index_entry(path: Path) -> Json | None:
-    """An entry of the index that names its log; None for anything else."""
-    try:
-        entry = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
 
 
 def _is_file(path: Path) -> bool:

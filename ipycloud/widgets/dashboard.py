@@ -19,6 +19,7 @@ from ipycloud.runtime.monitor.sampler import DEFAULT_INTERVAL_S, VIEW_HISTORY_S,
 from ipycloud.runtime.units import format_duration
 from ipycloud.widgets.rows import RowWidgets, set_changed
 from ipycloud.widgets.sparkline import Trace
+from ipycloud.widgets.stills import Stills
 
 if TYPE_CHECKING:
     from ipycloud.runtime.monitor.sampler import Sampler, Subscription
@@ -26,7 +27,11 @@ if TYPE_CHECKING:
 
 
 class Dashboard:
-    """A live panel of the machine's resources; display it (it is a widget) and ``start()``."""
+    """A live panel of the machine's resources; display it (it is a widget) and ``start()``.
+
+    Once stopped, the outputs it was displayed in show a snapshot of the dashboard instead
+    of the widget, which a notebook saved later keeps (its widget model is gone by then).
+    """
 
     def __init__(self, sampler: Sampler, *, interval: float = DEFAULT_INTERVAL_S,
                  history: float = VIEW_HISTORY_S) -> None:
@@ -45,6 +50,7 @@ class Dashboard:
             self._record(past)
         self._lock = threading.Lock()
         self._subscription: Subscription | None = None
+        self._stills = Stills()
         self.status = widgets.Label("not started")
         self.stop_button = widgets.Button(description="Stop", icon="stop",
                                           tooltip="stop updating this dashboard")
@@ -85,6 +91,7 @@ class Dashboard:
                 self._subscription.cancel()
             set_changed(self.stop_button, disabled=True)
             set_changed(self.status, value=why)
+        self._stills.freeze(self.sampler, f"the live panel {why}")
 
     def update(self, sample: Sample) -> None:
         """Show ``sample`` (the subscription's callback, run on the sampler thread at the
@@ -111,6 +118,9 @@ class Dashboard:
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         """The panel where widgets render; elsewhere (a terminal) one line saying what it is."""
         return {**self.widget._repr_mimebundle_(**kwargs), "text/plain": repr(self)}
+
+    def _ipython_display_(self) -> None:
+        self._stills.show(self._repr_mimebundle_())
 
     def __repr__(self) -> str:
         state = "live" if self.active else "stopped"

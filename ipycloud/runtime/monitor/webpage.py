@@ -9,7 +9,9 @@ token <token>`` header; any other is answered 403. Its routes:
   ``labextension/src/page/`` into ``ipycloud/monitor_page/``);
 - ``/api/reading`` and ``/api/history?since=T``: the shared sampler's newest reading and
   the readings it keeps after T, as the Jupyter server extension's routes of the same names
-  answer them (``ipycloud/server/README.md``).
+  answer them (``ipycloud/server/README.md``);
+- ``/api/runs`` and ``/api/runs/<id>?since=T``: this process's runs of ``fit`` and one
+  run's records after T, read from their run records, as the server's routes answer them.
 
 ``HEAD`` is answered as ``GET`` without the body; any other method with a 405 and an
 ``Allow`` header. Every error is the API's JSON, ``{"message": "<one line>"}``.
@@ -22,6 +24,7 @@ between polls (HTTP/1.1), and each reading is encoded once however many pages as
 
 from __future__ import annotations
 
+import functools
 import hmac
 import io
 import json
@@ -39,6 +42,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 from ipycloud.runtime.monitor import payloads
 from ipycloud.runtime.monitor.http_connections import ConnectionsServer
+from ipycloud.runtime.monitor.page_runs import NoSuchRun, run_answer, runs_answer
 from ipycloud.runtime.monitor.sampler import (
     DEFAULT_INTERVAL_S,
     VIEW_MIN_INTERVAL_S,
@@ -54,6 +58,9 @@ logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 PAGE = ("monitor_page", "index.html")  # in the ipycloud package, once it is built
+# Where a Jupyter server with ipycloud's extension serves the same page (its path from the
+# server's origin), in the environment of the kernels it starts.
+SERVER_PAGE_ENV = "IPYCLOUD_SERVER_PAGE"
 REQUEST_TIMEOUT_S = 10.0  # a connection that sends nothing for this long is closed
 _POLL_S = 0.5  # how often the serving thread looks for a stop request
 
@@ -77,7 +84,6 @@ class PageServer:
         self._http: _HttpServer | None = None
         self._thread: threading.Thread | None = None
         self._subscription: Subscription | None = None
-        self._page: bytes | None = None
         self._reading: tuple[Sample, float, bytes] | None = None  # the last one encoded
 
     @property
@@ -151,13 +157,6 @@ class PageServer:
         """Whether ``token`` is this server's (compared in constant time)."""
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
 
-    def page(self) -> bytes:
-        """The page's HTML, read once; FileNotFoundError when it was not built."""
-        if self._page is None:
-            folder, name = PAGE
-            self._page = resources.files("ipycloud").joinpath(folder).joinpath(name).read_bytes()
-        return self._page
-
     def latest(self) -> Sample:
         """The sampler's newest reading; before its first, one taken on the caller's thread."""
         return self.sampler.latest() or self.sampler.sample_now()
@@ -223,12 +222,17 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(_json(403, {"message": "the token is missing or not this "
                                                 "dashboard's"}))
             return
-        route = _ROUTES.get(url.path)
-        if route is None:
+        route = url.path
+        if route.startswith(RUN_ROUTE):
+            route, query["id"] = RUN_ROUTE, route.removeprefix(RUN_ROUTE)
+        answer = _ROUTES.get(route)
+        if answer is None:
             self._answer(_json(404, {"message": f"no route {url.path!r}"}))
             return
         try:
-            self._answer(route(page, query))
+            self._answer(answer(page, query))
+        except NoSuchRun as error:
+            self._answer(_json(404, {"message": str(error)}))
         except ValueError as error:
             self._answer(_json(400, {"message": str(error)}))
 
@@ -272,14 +276,27 @@ def _json(status: int, body: object) -> Answer:
     return status, JSON, json.dumps(body).encode()
 
 
+class MissingPage(FileNotFoundError):
+    """This installation lacks the page's HTML."""
+
+
+@functools.cache
+def read_page() -> bytes:
+    """The page's HTML, read once; MissingPage when it was not built."""
+    folder, name = PAGE
+    try:
+        return resources.files("ipycloud").joinpath(folder).joinpath(name).read_bytes()
+    except FileNotFoundError:
+        raise MissingPage("This installation of ipycloud lacks its dashboard page "
+                          "(ipycloud/monitor_page/index.html): install ipycloud again, or "
+                          "build it in a checkout with 'jlpm build' in labextension/.") from None
+
+
 def _page(page: PageServer, query: dict[str, str]) -> Answer:
     try:
-        return 200, "text/html; charset=utf-8", page.page()
-    except FileNotFoundError:
-        return (500, "text/plain; charset=utf-8",
-                b"This installation of ipycloud lacks its dashboard page "
-                b"(ipycloud/monitor_page/index.html): install ipycloud again, or build it in "
-                b"a checkout with 'jlpm build' in labextension/.")
+        return 200, "text/html; charset=utf-8", read_page()
+    except MissingPage as error:
+        return 500, "text/plain; charset=utf-8", str(error).encode()
 
 
 def _reading(page: PageServer, query: dict[str, str]) -> Answer:
@@ -292,10 +309,21 @@ def _history(page: PageServer, query: dict[str, str]) -> Answer:
     return 200, JSON, body.encode()
 
 
+def _runs(page: PageServer, query: dict[str, str]) -> Answer:
+    return 200, JSON, runs_answer()
+
+
+def _run(page: PageServer, query: dict[str, str]) -> Answer:
+    return 200, JSON, run_answer(query["id"], payloads.parse_since(query.get("since")))
+
+
+RUN_ROUTE = "/api/runs/"  # followed by the run's id
 _ROUTES: dict[str, Callable[[PageServer, dict[str, str]], Answer]] = {
     "/": _page,
     "/api/reading": _reading,
     "/api/history": _history,
+    "/api/runs": _runs,
+    RUN_ROUTE: _run,
 }
 
 # The servers listening in this process, let go of by a forked child.

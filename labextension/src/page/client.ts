@@ -1,17 +1,21 @@
 /**
- * Requests to the kernel's dashboard server (ipycloud/runtime/monitor/webpage.py): its
- * `api/` routes, next to the page, each with the page's token.
+ * Requests to the server that served the page: the kernel's dashboard server
+ * (ipycloud/runtime/monitor/webpage.py) or the Jupyter server's extension
+ * (`<base_url>ipycloud/page`); either way its `api/` routes, next to the page, with the
+ * page's token where its address has one (the Jupyter server also takes its login cookie).
  */
 import type { IHistory, IReading } from '../api';
+import type { IRunDetail, IRunList } from './runapi';
 
 /** How long a request may take before the kernel counts as not answering. */
 const TIMEOUT_MS = 10_000;
 
 /**
  * Why a request failed: nothing answers on the kernel's port (or a proxy in front of it
- * says so with a 5xx), the server refused the page's token, or another answer.
+ * says so with a 5xx), the server refused the page's token, the server has no such route or
+ * run (404), or another answer.
  */
-export type FailureKind = 'unreachable' | 'refused' | 'failed';
+export type FailureKind = 'unreachable' | 'refused' | 'missing' | 'failed';
 
 export class RequestFailed extends Error {
   constructor(
@@ -23,7 +27,7 @@ export class RequestFailed extends Error {
 }
 
 export class KernelClient {
-  /** @param token - the server's token, from the page's own address */
+  /** @param token - the server's token, from the page's own address ('' for none) */
   constructor(private readonly _token: string) {}
 
   /** The sampler's newest reading. */
@@ -36,8 +40,18 @@ export class KernelClient {
     return this._get<IHistory>('history', { since: String(since) });
   }
 
+  /** The runs the server knows of, newest first. */
+  runs(): Promise<IRunList> {
+    return this._get<IRunList>('runs', {});
+  }
+
+  /** One run, with its records written after `since` (the run record's clock). */
+  run(id: string, since: number): Promise<IRunDetail> {
+    return this._get<IRunDetail>(`runs/${encodeURIComponent(id)}`, { since: String(since) });
+  }
+
   private async _get<T>(route: string, query: Record<string, string>): Promise<T> {
-    const search = new URLSearchParams({ ...query, token: this._token });
+    const search = new URLSearchParams(this._token ? { ...query, token: this._token } : query);
     const abort = new AbortController();
     const timer = setTimeout(() => abort.abort(), TIMEOUT_MS);
     let response: Response;
@@ -58,6 +72,9 @@ export class KernelClient {
     }
     if (response.status >= 500) {
       throw new RequestFailed('unreachable', `the kernel's port answers ${response.status}`);
+    }
+    if (response.status === 404) {
+      throw new RequestFailed('missing', message(text) ?? `no route ${route}`);
     }
     if (!response.ok) {
       throw new RequestFailed('failed', message(text) ?? `answer ${response.status}`);

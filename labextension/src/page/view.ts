@@ -1,6 +1,7 @@
 /**
- * The page: a header saying where it stands with the kernel, then a card per GPU, one for
- * CPU and RAM and one for the disks, each figure with its sparkline over the history window.
+ * The page: a header saying where it stands with the kernel, the run of `fit` it follows
+ * (when there is one), then a card per GPU, one for CPU and RAM and one for the disks, each
+ * figure with its sparkline over the history window.
  */
 import type { IReading } from '../api';
 import { element, setAttribute, setText } from '../dom';
@@ -17,6 +18,8 @@ import { MachineRows } from '../machine';
 import { MetricRow } from '../metric';
 import { DEFAULT_OPTIONS } from '../settings';
 import { Connection, KernelPoller } from './poller';
+import type { RunFollower } from './runs';
+import { RunSection } from './runview';
 
 /** Percent of a disk's size from which it is shown as nearly full. */
 const DISK_WARNING_PERCENT = 90;
@@ -34,6 +37,7 @@ export class DashboardPage {
         this._time
       ),
       this._message,
+      this._run.node,
       this._gpuProblem,
       element(
         'main',
@@ -45,10 +49,11 @@ export class DashboardPage {
     );
   }
 
-  /** Draw what the poller holds now. */
-  render(poller: KernelPoller): void {
+  /** Draw what the poller and the run's follower hold now. */
+  render(poller: KernelPoller, runs: RunFollower): void {
     this._renderConnection(poller.connection, poller);
     const latest = poller.latest;
+    this._run.render(runs, latest?.platform.session_left_s ?? null);
     if (!latest) {
       return;
     }
@@ -134,6 +139,7 @@ export class DashboardPage {
     }
   }
 
+  private _run = new RunSection();
   private _platform = element('span', { class: 'ipycloud-Page-platform' });
   private _status = element('span', { class: 'ipycloud-Page-status' });
   private _time = element('span', { class: 'ipycloud-Page-time' });

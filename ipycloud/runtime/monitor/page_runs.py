@@ -1,0 +1,97 @@
+"""The runs of ``fit`` in this process, for the ``api/runs`` routes of the dashboard page the
+kernel serves and its snapshots: read from their run records, answered as the Jupyter
+server's routes of the same names answer them (``ipycloud/server/README.md``), less the runs
+of other processes.
+
+The page asks every second, so the runs are followed, not read anew: the user's index of
+runs is read for its new or changed entries only, and only this process's logs, each for
+the lines appended since the last look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from ipycloud.runtime.per_process import per_process
+from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs.following import FollowedLog, index_entry, read_log
+from ipycloud.runtime.runs.summary import RunSummary, summarize
+
+Json = dict[str, Any]
+
+
+class NoSuchRun(LookupError):
+    """No run of this process has that id."""
+
+
+class ProcessRuns:
+    """The runs this process started on this machine, as their logs say now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, tuple[int, Path | None]] = {}  # index file: mtime, my log
+        self._logs: dict[Path, FollowedLog] = {}
+
+    def logs(self) -> list[FollowedLog]:
+        """Each run's log as read now, the run updated last first."""
+        with self._lock:
+            mine = self._my_logs()
+            read = {path: read_log(path, self._logs.get(path)) for path in mine}
+            self._logs = {path: log for path, log in read.items() if log is not None}
+            return sorted(self._logs.values(), key=lambda log: log.summary["updated"] or 0.0,
+                          reverse=True)
+
+    def summaries(self) -> list[RunSummary]:
+        """Each run's summary, the run updated last first."""
+        self.logs()
+        with self._lock:
+            logs = list(self._logs.items())
+        runs = [summarize(path, log.lines) for path, log in logs]
+        return sorted(runs, key=lambda run: run.updated or 0.0, reverse=True)
+
+    def _my_logs(self) -> list[Path]:
+        """The logs the index names for this process, its entries read when new or changed
+        (a resumed run's entry is written again by the process that resumes it)."""
+        pid, host = os.getpid(), socket.gethostname()
+        try:
+            with os.scandir(records.index_dir()) as scan:
+                found = {entry.name: (entry.stat().st_mtime_ns, Path(entry.path))
+                         for entry in scan if entry.name.endswith(".json")}
+        except OSError:  # no index yet, or it cannot be read
+            found = {}
+        entries = {}
+        for name, (changed, path) in found.items():
+            known = self._entries.get(name)
+            if known is None or known[0] != changed:
+                entry = index_entry(path)
+                log = (Path(entry["log"]) if entry is not None and entry.get("pid") == pid
+                       and entry.get("host") == host else None)
+                known = (changed, log)
+            entries[name] = known
+        self._entries = entries
+        return [log for _, log in entries.values() if log is not None]
+
+
+@per_process()
+def process_runs() -> ProcessRuns:
+    """This process's runs."""
+    return ProcessRuns()
+
+
+def runs_answer() -> bytes:
+    """The JSON of ``api/runs``: ``{"runs": [summary, ...]}``."""
+    return json.dumps({"runs": [log.summary for log in process_runs().logs()]}).encode()
+
+
+def run_answer(run_id: str, since: float | None) -> bytes:
+    """The JSON of ``api/runs/<id>``: ``{"run": summary, "records": [records after
+    since]}``; NoSuchRun where no run of this process has ``run_id``."""
+    for log in process_runs().logs():
+        if log.summary["id"] == run_id:
+            return json.dumps({"run": log.summary, "records": log.after(since)}).encode()
+    raise NoSuchRun(f"no run {run_id!r} in this kernel: api/runs lists its runs")
