@@ -1,0 +1,215 @@
+/**
+ * What the chart view draws, from a run's record or the machine's readings: pure
+ * functions from the server's JSON to uPlot's columns.
+ */
+import type { IReading } from './api';
+import type { ChartData, IChartSpec, XAxis } from './chart';
+import { formatBytes, formatPercent } from './format';
+import type { IRunRecord } from './runapi';
+import { formatFigure } from './runformat';
+
+/** A chart's spec and the data it shows now. */
+export interface IChartContent {
+  spec: IChartSpec;
+  data: ChartData;
+}
+
+/** The weight of the past in the smoothed loss (an exponential moving average). */
+export const SMOOTHING = 0.8;
+
+/** Series colours, as JupyterLab's theme variables, in the order series take them. */
+const PALETTE = [
+  '--jp-brand-color1',
+  '--jp-warn-color1',
+  '--jp-success-color1',
+  '--jp-error-color1',
+  '--jp-accent-color1',
+  '--jp-brand-color3',
+  '--jp-warn-color3',
+  '--jp-success-color3'
+];
+
+/** The loss (raw and smoothed), the learning rate and the epochs' metrics of a run. */
+export function runCharts(records: readonly IRunRecord[], axis: XAxis): IChartContent[] {
+  const steps = alongAxis(records.filter(record => record.kind === 'step'), axis);
+  const epochs = alongAxis(records.filter(record => record.kind === 'epoch'), axis);
+  const xs = steps.map(row => row.x);
+  const loss = steps.map(row => figure(row.record.loss));
+  const charts: IChartContent[] = [
+    {
+      spec: {
+        name: 'loss',
+        title: 'Loss',
+        series: [
+          { label: 'loss', colour: '--jp-brand-color3', width: 1 },
+          { label: 'smoothed', colour: '--jp-brand-color1', width: 2 }
+        ],
+        format: formatFigure
+      },
+      data: [xs, loss, smooth(loss, SMOOTHING)]
+    },
+    {
+      spec: {
+        name: 'lr',
+        title: 'Learning rate',
+        series: [{ label: 'lr', colour: '--jp-warn-color1' }],
+        format: formatFigure
+      },
+      data: [xs, steps.map(row => figure(row.record.lr))]
+    }
+  ];
+  const metrics = epochMetrics(epochs.map(row => row.record));
+  if (metrics.length) {
+    charts.push({
+      spec: {
+        name: 'epochs',
+        title: 'Epochs',
+        series: metrics.map((name, i) => ({ label: name, colour: PALETTE[i % PALETTE.length] })),
+        format: formatFigure
+      },
+      data: [
+        epochs.map(row => row.x),
+        ...metrics.map(name => epochs.map(row => figure(row.record[name])))
+      ]
+    });
+  }
+  return charts;
+}
+
+/** GPU utilisation and memory, CPU, RAM and disk use over time. */
+export function machineCharts(samples: readonly IReading[]): IChartContent[] {
+  const xs = samples.map(sample => sample.time);
+  const latest = samples[samples.length - 1];
+  const gpus = latest?.gpus ?? [];
+  const perGpu = (value: (gpu: IReading['gpus'][number]) => number | null) =>
+    gpus.map(({ index }) =>
+      samples.map(sample => {
+        const gpu = sample.gpus.find(entry => entry.index === index);
+        return gpu ? value(gpu) : null;
+      })
+    );
+  const gpuSeries = gpus.map(({ index }, i) => ({
+    label: `GPU ${index}`,
+    colour: PALETTE[i % PALETTE.length]
+  }));
+  const charts: IChartContent[] = [];
+  if (gpus.length) {
+    charts.push(
+      {
+        spec: {
+          name: 'gpu-utilization',
+          title: 'GPU utilisation',
+          series: gpuSeries,
+          format: formatPercent,
+          range: [0, 100]
+        },
+        data: [xs, ...perGpu(gpu => gpu.utilization_percent)]
+      },
+      {
+        spec: {
+          name: 'gpu-memory',
+          title: 'GPU memory',
+          series: gpuSeries,
+          format: formatBytes,
+          range: [0, Math.max(...gpus.map(gpu => gpu.memory_total))]
+        },
+        data: [xs, ...perGpu(gpu => gpu.memory_used)]
+      }
+    );
+  }
+  const disks = latest?.disks ?? [];
+  charts.push(
+    {
+      spec: {
+        name: 'cpu',
+        title: 'CPU',
+        series: [{ label: 'CPU', colour: PALETTE[0] }],
+        format: formatPercent,
+        range: [0, 100]
+      },
+      data: [xs, samples.map(sample => sample.cpu.percent)]
+    },
+    {
+      spec: {
+        name: 'ram',
+        title: 'RAM',
+        series: [
+          { label: 'used', colour: PALETTE[0] },
+          { label: 'limit', colour: '--jp-error-color1', width: 1 }
+        ],
+        format: formatBytes
+      },
+      data: [xs, samples.map(sample => sample.ram.used), samples.map(sample => sample.ram.limit)]
+    },
+    {
+      spec: {
+        name: 'disks',
+        title: 'Disk space used',
+        series: disks.map((disk, i) => ({ label: disk.name, colour: PALETTE[i % PALETTE.length] })),
+        format: formatBytes
+      },
+      data: [
+        xs,
+        ...disks.map(disk =>
+          samples.map(sample => sample.disks.find(entry => entry.name === disk.name)?.used ?? null)
+        )
+      ]
+    }
+  );
+  return charts;
+}
+
+/**
+ * A debiased exponential moving average: `weight` of the past in each point; a missing
+ * value stays missing and leaves the average as it was.
+ */
+export function smooth(values: readonly (number | null)[], weight: number): (number | null)[] {
+  let average = 0;
+  let count = 0;
+  return values.map(value => {
+    if (value === null) {
+      return null;
+    }
+    count += 1;
+    average = weight * average + (1 - weight) * value;
+    return average / (1 - weight ** count);
+  });
+}
+
+/** Records with their x value, ascending: on the step axis a resumed run's steps replace
+ * those it did again (a rerun from an older checkpoint). */
+function alongAxis(
+  records: readonly IRunRecord[],
+  axis: XAxis
+): { x: number; record: IRunRecord }[] {
+  const rows: { x: number; record: IRunRecord }[] = [];
+  for (const record of records) {
+    const x = axis === 'time' ? record.t : figure(record.kind === 'epoch' ? record.steps : record.step);
+    if (x === null) {
+      continue;
+    }
+    while (rows.length && rows[rows.length - 1].x >= x) {
+      rows.pop();
+    }
+    rows.push({ x, record });
+  }
+  return rows;
+}
+
+/** The numeric metrics of the epochs: `train_loss` first, then the rest by name. */
+function epochMetrics(epochs: readonly IRunRecord[]): string[] {
+  const skip = new Set(['t', 'kind', 'epoch', 'steps', 'seconds']);
+  const names = new Set<string>();
+  for (const record of epochs) {
+    for (const [name, value] of Object.entries(record)) {
+      if (!skip.has(name) && typeof value === 'number') {
+        names.add(name);
+      }
+    }
+  }
+  return [...names].sort((a, b) => Number(b === 'train_loss') - Number(a === 'train_loss') || a.localeCompare(b));
+}
+
+function figure(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) ? value : null;
+}
