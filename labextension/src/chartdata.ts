@@ -196,7 +196,7 @@ function alongAxis(
   return rows;
 }
 
-/** The numeric metrics of the epochs: `train_loss` first, then the rest by name. */
+/** The numeric metrics of the epochs by name: `train_loss`, then the `val_*` ones. */
 function epochMetrics(epochs: readonly IRunRecord[]): string[] {
   const skip = new Set(['t', 'kind', 'epoch', 'steps', 'seconds']);
   const names = new Set<string>();
@@ -207,7 +207,7 @@ function epochMetrics(epochs: readonly IRunRecord[]): string[] {
       }
     }
   }
-  return [...names].sort((a, b) => Number(b === 'train_loss') - Number(a === 'train_loss') || a.localeCompare(b));
+  return [...names].sort();
 }
 
 function figure(value: unknown): number | null {
