@@ -7,6 +7,8 @@ import uPlot from 'uplot';
 
 import { element, setAttribute } from './dom';
 
+const AXIS_FONT_PX = 11;
+
 /** What the horizontal axis counts. */
 export type XAxis = 'time' | 'step';
 
@@ -15,6 +17,8 @@ export interface ISeriesSpec {
   /** A JupyterLab CSS variable, e.g. `--jp-brand-color1`. */
   colour: string;
   width?: number;
+  /** Mark each point: for series of a few points (one per epoch). */
+  points?: boolean;
 }
 
 export interface IChartSpec {
@@ -108,9 +112,8 @@ function options(
 ): uPlot.Options {
   const style = getComputedStyle(document.body);
   const colour = (name: string) => style.getPropertyValue(name).trim() || 'currentColor';
-  const font = `${style.getPropertyValue('--jp-ui-font-size0').trim() || '11px'} ${
-    style.getPropertyValue('--jp-ui-font-family').trim() || 'sans-serif'
-  }`;
+  // The canvas needs a size in pixels: the theme's sizes are in em.
+  const font = `${AXIS_FONT_PX}px ${style.getPropertyValue('--jp-ui-font-family').trim() || 'sans-serif'}`;
   const text = colour('--jp-ui-font-color1');
   const grid = colour('--jp-border-color2');
   const format = (value: number | null) => (value === null ? '–' : spec.format(value));
@@ -132,6 +135,7 @@ function options(
         stroke: colour(series.colour),
         width: series.width ?? 1.5,
         spanGaps: true,
+        points: { show: series.points ?? false },
         value: (_: uPlot, value: number | null) => format(value)
       }))
     ],

@@ -64,7 +64,11 @@ export function runCharts(records: readonly IRunRecord[], axis: XAxis): IChartCo
       spec: {
         name: 'epochs',
         title: 'Epochs',
-        series: metrics.map((name, i) => ({ label: name, colour: PALETTE[i % PALETTE.length] })),
+        series: metrics.map((name, i) => ({
+          label: name,
+          colour: PALETTE[i % PALETTE.length],
+          points: true
+        })),
         format: formatFigure
       },
       data: [

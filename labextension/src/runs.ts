@@ -8,7 +8,7 @@ import { lineFormIcon } from '@jupyterlab/ui-components';
 import { IDisposable } from '@lumino/disposable';
 import { Poll } from '@lumino/polling';
 
-import { requestAPI } from './api';
+import { ApiError, requestAPI } from './api';
 import { element, setAttribute, setText } from './dom';
 import { ResourceMonitor } from './monitor';
 import type { IRunSummary, IRuns } from './runapi';
@@ -69,6 +69,12 @@ export class RunsSection implements IDisposable {
     try {
       this._render((await requestAPI<IRuns>('runs', {}, serverSettings)).runs);
     } catch (error) {
+      if (error instanceof ApiError && error.status === 404) {
+        // An older ipycloud on the server: asking again would only fill its log.
+        setText(this._note, 'This server does not list runs: upgrade ipycloud where it runs.');
+        void this._poll.stop();
+        return;
+      }
       setText(this._note, `No runs: ${error instanceof Error ? error.message : error}`);
       throw error;
     }
