@@ -17,6 +17,9 @@ export interface IChartContent {
 /** The weight of the past in the smoothed loss (an exponential moving average). */
 export const SMOOTHING = 0.8;
 
+/** The room above a limit drawn as a line, so the line shows under the chart's frame. */
+const HEADROOM = 1.05;
+
 /** Series colours, as JupyterLab's theme variables, in the order series take them. */
 const PALETTE = [
   '--jp-brand-color1',
@@ -141,7 +144,8 @@ export function machineCharts(samples: readonly IReading[]): IChartContent[] {
           { label: 'used', colour: PALETTE[0] },
           { label: 'limit', colour: '--jp-error-color1', width: 1 }
         ],
-        format: formatBytes
+        format: formatBytes,
+        range: [0, HEADROOM * Math.max(...samples.map(sample => sample.ram.limit))]
       },
       data: [xs, samples.map(sample => sample.ram.used), samples.map(sample => sample.ram.limit)]
     },
@@ -150,7 +154,8 @@ export function machineCharts(samples: readonly IReading[]): IChartContent[] {
         name: 'disks',
         title: 'Disk space used',
         series: disks.map((disk, i) => ({ label: disk.name, colour: PALETTE[i % PALETTE.length] })),
-        format: formatBytes
+        format: formatBytes,
+        range: [0, Math.max(...disks.map(disk => disk.total))]
       },
       data: [
         xs,
