@@ -21,6 +21,7 @@ _LAZY_ATTRIBUTES = {
     "CheckpointManager": "ipycloud.runtime.checkpoint",
     "fit": "ipycloud.runtime.train.loop",
     "History": "ipycloud.runtime.train.history",
+    "runs": "ipycloud.runtime.runs",
     "loader": "ipycloud.runtime.train.data",
     "launch": "ipycloud.runtime.train.distributed",
     "mount": "ipycloud.runtime.storage.mount",

@@ -25,7 +25,8 @@ from ipycloud.server.settings import IpycloudServer
 # (jupyter_server 2.13 on; the warning's class is named by its text, as 2.12 lacks it).
 pytestmark = pytest.mark.filterwarnings("error:Extension endpoints without")
 
-READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks"}
+READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks",
+                "network"}
 GPU_KEYS = {"index", "name", "uuid", "utilization_percent", "memory_used", "memory_total",
             "temperature_c", "power_w", "power_limit_w", "mig"}
 

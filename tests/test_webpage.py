@@ -38,7 +38,8 @@ from ipycloud.runtime.monitor.webpage import (
 from ipycloud.runtime.per_process import reset_process_state
 
 MIB = 2**20
-READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks"}
+READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks",
+                "network"}
 
 
 def get(server: PageServer | int, path: str, headers: dict[str, str] | None = None

@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("folder", metavar="FOLDER", type=_path, help="the checkpoint folder")
     listing.add_argument("--json", action="store_true", help="print the manifests as JSON")
 
+    runs = _add(subcommands, "runs", commands.runs,
+                "list the runs of fit recorded in FOLDER, or every run started here")
+    runs.add_argument("folder", metavar="FOLDER", type=_path, nargs="?", default=None,
+                      help="a checkpoint folder (default: the runs started on this machine)")
+    runs.add_argument("--json", action="store_true", help="print the runs as JSON")
+
     sync = _add(subcommands, "sync", commands.sync,
                 "copy what is new or changed in SRC to DST; nothing at DST is deleted unless "
                 "asked")

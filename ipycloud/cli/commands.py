@@ -53,6 +53,24 @@ def checkpoint_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def runs(args: argparse.Namespace) -> int:
+    """``ipycloud runs [FOLDER]``: the runs recorded in a checkpoint folder, or every run
+    started on this machine, newest first, as a table or JSON."""
+    from ipycloud.runtime.runs import RunsTable
+    from ipycloud.runtime.runs import runs as read_runs
+
+    try:
+        summaries = read_runs(args.folder)
+    except OSError as error:
+        raise CommandError(one_line(error)) from None
+    if args.json:
+        print(json.dumps({"runs": [summary.to_json() for summary in summaries]}, indent=2))
+        return 0
+    where = "on this machine" if args.folder is None else f"in {args.folder}"
+    print(RunsTable(summaries, where))
+    return 0
+
+
 def sync(args: argparse.Namespace) -> int:
     """``ipycloud sync SRC DST``: copy what changed; with ``--dry-run``, list what would."""
     from ipycloud.runtime.storage.sync import sync as sync_folders

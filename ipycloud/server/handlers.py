@@ -13,7 +13,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ipycloud.runtime.monitor.payloads import history, parse_since, reading
+from ipycloud.runtime.monitor.payloads import parse_since, reading
 from ipycloud.server.events import DeathRecorder
 from ipycloud.server.kernels import KernelWatch
 from ipycloud.server.monitor import ServerMonitor
@@ -81,8 +81,8 @@ class HistoryHandler(_Handler):
         since = self.since()
         monitor = self.services.monitor
         loop = asyncio.get_running_loop()
-        # An hour of samples is thousands of objects: turned into JSON off the event loop.
-        body = await loop.run_in_executor(None, _history_json, monitor, since)
+        # A day of readings is megabytes of JSON: joined off the event loop.
+        body = await loop.run_in_executor(None, monitor.history_json, since)
         self.set_header("Content-Type", "application/json")
         self.finish(body)
 
@@ -117,10 +117,6 @@ class EventsHandler(_Handler):
     @authorized
     async def get(self) -> None:
         self.answer({"events": self.services.events.since(self.since())})
-
-
-def _history_json(monitor: ServerMonitor, since: float | None) -> str:
-    return history(monitor.history(since), monitor.interval)
 
 
 def _gpu_problem(monitor: ServerMonitor) -> str | None:

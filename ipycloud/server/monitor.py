@@ -1,22 +1,28 @@
 """The server's monitor: one sampler thread for every client, reading the machine with the
-runtime's HostProbe into a ring buffer, and the PIDs of the kernels it measures.
+runtime's HostProbe into a ring buffer (the last minutes, as objects) and the kept history
+(a day, as the route's JSON, across restarts), and the PIDs of the kernels it measures.
 
-The probe is made on the sampler thread by its first reading, so loading the extension reads
-no file. Handlers only read the samples kept; before the first one exists they take one in
-an executor thread, never on the event loop.
+The probe is made, and the kept history read back, by the first reading (on the sampler
+thread, or an executor's), so loading the extension reads no file. Handlers only read the
+samples kept; before the first one exists they take one in an executor thread, never on the
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import cast
 
 from ipycloud.runtime.monitor.host import HostProbe, HostSample
+from ipycloud.runtime.monitor.payloads import history_of_encoded, reading
 from ipycloud.runtime.monitor.sampler import Sampler
 from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.per_process import per_process
+from ipycloud.server.history import KeptHistory
 from ipycloud.server.settings import IpycloudServer
 
 
@@ -32,14 +38,18 @@ class ServerMonitor:
         self._probe_lock = threading.Lock()
         self.watched: Mapping[str, int] = {}
         self.sampler = Sampler(settings.interval, settings.capacity, probe=self._read)
+        self.kept = KeptHistory(Path(settings.history_file) if settings.history_file else None,
+                                settings.history)
+        self._kept_opened = False
 
     def start(self) -> None:
         """Start the sampler thread; it samples until ``stop()``."""
         self.sampler.subscribe(_hold)
 
     def stop(self) -> None:
-        """Stop the sampler thread (the samples kept stay readable)."""
+        """Stop the sampler thread and the history's file (what is kept stays readable)."""
         self.sampler.stop()
+        self.kept.close()
 
     @property
     def running(self) -> bool:
@@ -66,16 +76,28 @@ class ServerMonitor:
         return cast(HostSample, await loop.run_in_executor(None, self.sampler.sample_now))
 
     def history(self, since: float | None = None) -> list[HostSample]:
-        """The readings kept (after ``since``, a Unix time), oldest first."""
+        """The readings of the last minutes (after ``since``, a Unix time), oldest first."""
         return cast("list[HostSample]", self.sampler.history(since))
 
+    def history_json(self, since: float | None = None) -> str:
+        """The body of the history route: the kept readings after ``since``."""
+        return history_of_encoded(self.kept.since(since), self.interval)
+
     def _read(self) -> HostSample:
-        return self.probe().read(self.watched)
+        """A reading, added to the kept history before the sampler holds it, so the history
+        route has every reading the reading route gave."""
+        sample = self.probe().read(self.watched)
+        with self._probe_lock:
+            if not self._kept_opened:
+                self._kept_opened = True
+                self.kept.open()
+        self.kept.add(sample.time, json.dumps(reading(sample, self.interval)))
+        return sample
 
 
 def _hold(sample: Sample) -> None:
-    """The monitor's hold on the sampler, keeping its thread running: the routes read the
-    samples kept, so nothing is done with each one as it comes."""
+    """The monitor's hold on the sampler, keeping its thread running: the readings are kept
+    as they are taken, so nothing is done with each one as it comes."""
 
 
 class _Current:

@@ -2,12 +2,15 @@
 
 In ``jupyter_server_config.py``: ``c.IpycloudServer.interval = 2.0``; on the command line:
 ``--IpycloudServer.interval=2``. The interval and history also have environment defaults.
+The machine's history is kept in ipycloud's state folder: ``$IPYCLOUD_STATE_DIR``, else
+platformdirs' user state folder (``~/.local/state/ipycloud`` on Linux).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 from traitlets import Float, TraitError, Unicode, default, validate
@@ -16,6 +19,8 @@ from traitlets.config import Configurable
 from ipycloud.runtime.monitor.sampler import MAX_INTERVAL_S, VIEW_MIN_INTERVAL_S
 
 MAX_HISTORY_S = 86400.0
+# The readings kept as objects, for explaining a kernel's death: the last ten minutes.
+RECENT_S = 600.0
 
 
 class IpycloudServer(Configurable):
@@ -26,8 +31,13 @@ class IpycloudServer(Configurable):
         f"thread, from {VIEW_MIN_INTERVAL_S:g} to {MAX_INTERVAL_S:g} "
         "(environment: IPYCLOUD_SERVER_INTERVAL).").tag(config=True)
     history = Float(
-        3600.0, help="Seconds of readings kept for the history route, above 0 and at most "
-        f"{MAX_HISTORY_S:g} (environment: IPYCLOUD_SERVER_HISTORY).").tag(config=True)
+        MAX_HISTORY_S, help="Seconds of readings kept for the history route, above 0 and at "
+        f"most {MAX_HISTORY_S:g}; one a minute beyond the last hour "
+        "(environment: IPYCLOUD_SERVER_HISTORY).").tag(config=True)
+    history_file = Unicode(
+        help="The file keeping the history across the server's restarts (JSON lines); empty: "
+        "kept in memory only. Default: server-history.jsonl in ipycloud's state folder "
+        "($IPYCLOUD_STATE_DIR, else ~/.local/state/ipycloud).").tag(config=True)
     system_root = Unicode(
         "/", help="The folder under which /proc/self/cgroup, /sys/fs/cgroup and the platform's "
         "marker files are read; another folder holds a fake tree for tests.").tag(config=True)
@@ -38,7 +48,11 @@ class IpycloudServer(Configurable):
 
     @default("history")
     def _history_default(self) -> float:
-        return _environment_seconds("IPYCLOUD_SERVER_HISTORY", 3600.0)
+        return _environment_seconds("IPYCLOUD_SERVER_HISTORY", MAX_HISTORY_S)
+
+    @default("history_file")
+    def _history_file_default(self) -> str:
+        return str(state_folder() / "server-history.jsonl")
 
     @validate("interval")
     def _check_interval(self, proposal: Any) -> float:
@@ -58,8 +72,19 @@ class IpycloudServer(Configurable):
 
     @property
     def capacity(self) -> int:
-        """How many readings the history keeps: at least one."""
-        return max(math.ceil(self.history / self.interval), 1)
+        """How many readings the sampler keeps as objects (the last RECENT_S seconds of the
+        history): at least one."""
+        return max(math.ceil(min(self.history, RECENT_S) / self.interval), 1)
+
+
+def state_folder() -> Path:
+    """ipycloud's state folder: ``$IPYCLOUD_STATE_DIR``, else the user's state folder."""
+    named = os.environ.get("IPYCLOUD_STATE_DIR")
+    if named:
+        return Path(named).expanduser()
+    from platformdirs import user_state_path
+
+    return user_state_path("ipycloud")
 
 
 def _environment_seconds(name: str, fallback: float) -> float:

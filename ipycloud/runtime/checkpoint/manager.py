@@ -214,6 +214,15 @@ class CheckpointManager:
                              stacklevel=4)
         return run
 
+    def run_id(self) -> str:
+        """The run this process writes in the folder (``CheckpointInfo.run`` of its
+        checkpoints), decided now if it has not saved or loaded here yet: the run it
+        loaded from, else the newest run whose writer is gone, else a new one.
+        CheckpointStorageError when the folder cannot be read."""
+        with self._storage(f"cannot read the folder {self.directory}"):
+            infos = catalog.read_catalog(self.directory)[0] if self.directory.is_dir() else []
+            return runs.decide(self.directory, infos)
+
     def _stage(self, payload: dict[str, Any],
                in_host_memory: bool) -> tuple[dict[str, Any], WriteData]:
         """Copy the live state in ``payload`` into host buffers; return the payload with

@@ -2,9 +2,10 @@
 server extension): the probe's Sample plus what a shared view needs besides.
 
 ``HostProbe.read()`` takes the probe's reading (CPU and RAM under the cgroup limits, swap,
-GPUs) and adds the cgroup's CPU throttling, RAM peak and OOM-kill counter, each GPU's UUID,
-MIG instances and processes, the disks of home, persistent and scratch folders, and the
-process trees of the PIDs it is asked to watch (kernels), with the GPU memory each holds.
+GPUs) and adds the cgroup's CPU throttling, RAM peak and OOM-kill counter, the network's
+traffic, each GPU's UUID, MIG instances and processes, the disks of home, persistent and
+scratch folders, and the process trees of the PIDs it is asked to watch (kernels), with the
+GPU memory each holds.
 Everything is read on the calling thread (the sampler's): nothing here is asynchronous.
 """
 
@@ -23,6 +24,7 @@ from ipycloud.runtime.machine.cgroup import read_cgroup, read_cgroup_counters, t
 from ipycloud.runtime.machine.nvml import GpuDetail, GpuDetailReader, unavailable_reason
 from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.machine.snapshot import usable_cpus
+from ipycloud.runtime.monitor.network import NetworkMeter
 from ipycloud.runtime.monitor.probe import Probe, disks_of
 from ipycloud.runtime.monitor.processes import ProcessTree, TreeMeter
 from ipycloud.runtime.monitor.samples import Sample
@@ -38,6 +40,8 @@ class HostSample(Sample):
     cpu_throttled_percent: float | None = None  # periods throttled since the last reading
     ram_peak: int | None = None  # the cgroup's highest use so far; None without its limit
     oom_kills: int | None = None  # the cgroup's OOM-kill counter
+    net_received_per_s: float | None = None  # bytes/s since the last reading, no loopback
+    net_sent_per_s: float | None = None
     gpu_problem: str | None = None  # why no GPU is listed, or why one lists no processes
     gpu_details: tuple[GpuDetail, ...] = ()  # by CUDA ordinal, as ``gpus``
     watched: Mapping[str, ProcessTree] = field(  # by the key each tree was watched as
@@ -71,6 +75,7 @@ class HostProbe:
         self.cores = usable_cpus(limits) or float(os.cpu_count() or 1)
         self._trees = TreeMeter(self.cores)
         self._gpus = GpuDetailReader()
+        self._network = NetworkMeter(clock=clock)
         self._session_start = session_start
         self._lock = threading.Lock()
 
@@ -84,6 +89,7 @@ class HostProbe:
             throttling = self._counters.throttling()
             throttled = throttled_percent(self._throttling, throttling)
             self._throttling = throttling
+            received, sent = self._network.read()
             details = self._gpus.read()
             trees = self._trees.read(watched or {}, [(gpu.cuda_index, gpu.processes)
                                                      for gpu in details])
@@ -98,6 +104,8 @@ class HostProbe:
                 "cpu_throttled_percent": throttled,
                 "ram_peak": self._ram_peak(),
                 "oom_kills": self._counters.oom_kills(),
+                "net_received_per_s": received,
+                "net_sent_per_s": sent,
                 "gpu_problem": self._gpu_problem(sample, details),
                 "gpu_details": details,
                 "watched": MappingProxyType(trees),

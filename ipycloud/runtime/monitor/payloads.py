@@ -4,8 +4,8 @@ readings; the Jupyter server extension and the kernel's dashboard page both answ
 
 Sizes are bytes, times Unix seconds, percentages 0-100; a figure the machine cannot give is
 None (null), never left out. A plain Sample (the kernel's own sampler) has none of the
-figures a HostSample adds: they read null (platform, cores, throttling, RAM peak, GPU UUIDs)
-or empty (MIG instances).
+figures a HostSample adds: they read null (platform, cores, throttling, RAM peak, GPU UUIDs,
+network) or empty (MIG instances).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ def reading(sample: Sample, interval: float) -> Json:
                 "swap_used": host.swap_used, "swap_total": host.swap_total},
         "disks": [{"name": disk.role, "path": disk.path, "used": disk.used, "total": disk.total}
                   for disk in host.disks],
+        "network": {"received_per_s": host.net_received_per_s,
+                    "sent_per_s": host.net_sent_per_s},
     }
 
 
@@ -52,8 +54,13 @@ def history(samples: Iterable[Sample], interval: float) -> str:
     Each reading is encoded on its own, so an hour of them never holds the interpreter's
     lock through one long ``json.dumps`` call: other threads (a training loop) run between.
     """
-    encoded = ",".join(json.dumps(reading(sample, interval)) for sample in samples)
-    return f'{{"interval_s": {json.dumps(interval)}, "samples": [{encoded}]}}'
+    return history_of_encoded((json.dumps(reading(sample, interval)) for sample in samples),
+                              interval)
+
+
+def history_of_encoded(readings: Iterable[str], interval: float) -> str:
+    """The body of ``history`` from readings already encoded as JSON text, oldest first."""
+    return f'{{"interval_s": {json.dumps(interval)}, "samples": [{",".join(readings)}]}}'
 
 
 def parse_since(text: str | None) -> float | None:

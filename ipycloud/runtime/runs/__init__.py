@@ -1,3 +1,17 @@
 """Run records: what every run of ``fit`` did, on disk beside its checkpoints, read back as
 summaries (status, progress, ETA, best metric) by the Python API, the terminal, the kernel's
-page and the Jupyter server."""
+page and the Jupyter server.
+
+``records`` (where logs lie, their lines), ``summary`` (a run from its lines),
+``reading`` (``runs`` and ``read_run``), ``table`` (runs as a table), ``best`` (the best
+epoch by a metric); the writing side: ``appender`` (lines appended by a thread of their
+own) and ``recorder`` (the follower of ``fit`` that writes the record).
+"""
+
+from ipycloud.runtime.runs.reading import UnknownRunError, read_run, runs
+from ipycloud.runtime.runs.records import RunRecordWarning
+from ipycloud.runtime.runs.summary import RunSummary
+from ipycloud.runtime.runs.table import RunsTable
+
+__all__ = ["RunRecordWarning", "RunSummary", "RunsTable", "UnknownRunError", "read_run",
+           "runs"]

@@ -1,0 +1,107 @@
+"""Runs read back from their logs: those of a checkpoint folder, or every run started here."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs.summary import RunSummary, summarize
+
+
+class UnknownRunError(LookupError):
+    """No log of that run: neither a log file nor a run of the index."""
+
+
+def runs(folder: str | os.PathLike[str] | None = None) -> list[RunSummary]:
+    """The runs of ``fit`` whose logs are in the checkpoint ``folder``, newest first; with
+    no folder, every run started on this machine by this user (the index).
+
+    ``folder`` may also be a folder of logs (``.ipycloud-runs``). A log that cannot be
+    read is left out with a warning; a damaged line of one is skipped with a warning.
+    Raises NotADirectoryError (FileNotFoundError) for a ``folder`` that is not one.
+    """
+    if folder is None:
+        logs = [path for path in map(_indexed_log, _index_entries()) if path is not None]
+    else:
+        logs = records.logs_in(_folder(Path(folder)))
+    summaries = [summary for summary in map(_summary, dict.fromkeys(logs)) if summary]
+    return sorted(summaries, key=lambda summary: summary.updated or 0.0, reverse=True)
+
+
+def read_run(path_or_id: str | os.PathLike[str],
+             since: float | None = None) -> tuple[RunSummary, list[dict[str, Any]]]:
+    """The summary of one run and its records newer than ``since`` (Unix seconds; None:
+    all). ``path_or_id`` is the path of its log or its id (looked up in the index, then
+    among the logs of runs without a checkpoint folder). UnknownRunError when there is no
+    such run; the OSError of a log that cannot be read."""
+    path = _log_of(path_or_id)
+    lines = records.read_records(path)
+    newer = lines if since is None else [line for line in lines if line["t"] > since]
+    return summarize(path, lines), newer
+
+
+def _folder(folder: Path) -> Path:
+    if not folder.exists():
+        raise FileNotFoundError(f"no folder {str(folder)!r}: give a checkpoint folder "
+                                "(fit's checkpoint=)")
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{str(folder)!r} is not a folder: give a checkpoint folder "
+                                 "(fit's checkpoint=)")
+    return folder
+
+
+def _log_of(path_or_id: str | os.PathLike[str]) -> Path:
+    text = os.fspath(path_or_id)
+    if records.RUN_ID.fullmatch(text):
+        entry = _read_entry(records.index_dir() / f"{text}.json")
+        indexed = _indexed_log(entry) if entry is not None else None
+        for path in (indexed, records.runs_dir() / f"{text}{records.SUFFIX}"):
+            if path is not None and path.is_file():
+                return path
+        raise UnknownRunError(f"no run {text} here: ipycloud.runs() lists the runs started "
+                              "on this machine")
+    path = Path(text)
+    if not path.is_file():
+        raise UnknownRunError(f"no run log {text!r}: give a run's id or its .jsonl log")
+    return path
+
+
+def _summary(log: Path) -> RunSummary | None:
+    try:
+        lines = records.read_records(log)
+    except OSError as error:
+        warnings.warn(f"run log {log} cannot be read ({error.strerror or error}); left out",
+                      records.RunRecordWarning, stacklevel=3)
+        return None
+    return summarize(log, lines)
+
+
+def _index_entries() -> list[dict[str, Any]]:
+    try:
+        paths = list(records.index_dir().glob("*.json"))
+    except OSError:
+        return []
+    return [entry for entry in map(_read_entry, paths) if entry is not None]
+
+
+def _read_entry(path: Path) -> dict[str, Any] | None:
+    """An index entry; None where it is missing or not one."""
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
+
+
+def _indexed_log(entry: dict[str, Any]) -> Path | None:
+    """The log an index entry names, where it is there (a log on storage not mounted now
+    is not)."""
+    path = Path(entry["log"])
+    try:
+        return path if path.is_file() else None
+    except OSError:
+        return None

@@ -1,0 +1,132 @@
+"""The run record on disk: where each run's log lies, and its lines read back.
+
+A run's log is ``<checkpoint folder>/.ipycloud-runs/<run-id>.jsonl`` (a run without a
+checkpoint folder: ``<state dir>/runs/<run-id>.jsonl``), one JSON object per line, each
+with ``t`` (Unix seconds) and ``kind``: ``start``, ``step``, ``epoch``, ``checkpoint``,
+``event`` or ``end``. ``<state dir>/runs/index/<run-id>.json`` names the log of every run
+started on this machine by this user. The state dir is ``$IPYCLOUD_STATE_DIR``, by default
+``~/.local/state/ipycloud`` (platformdirs' user state folder).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+RECORD_FOLDER = ".ipycloud-runs"
+SUFFIX = ".jsonl"
+START, STEP, EPOCH, CHECKPOINT, EVENT, END = "start", "step", "epoch", "checkpoint", "event", "end"
+KINDS = (START, STEP, EPOCH, CHECKPOINT, EVENT, END)
+RUN_ID = re.compile(r"[0-9a-f]{12}")
+# The fields each kind needs, with their types; a line without them is not a record.
+_NEEDED: dict[str, dict[str, type | tuple[type, ...]]] = {
+    START: {"step": int, "epoch": int},
+    STEP: {"step": int},
+    EPOCH: {"epoch": int},
+    END: {"status": str},
+}
+
+
+class RunRecordWarning(UserWarning):
+    """A line of a run's log that is damaged and skipped, or a log that cannot be written."""
+
+
+def state_dir() -> Path:
+    """ipycloud's state folder: ``$IPYCLOUD_STATE_DIR``, else the user state folder."""
+    configured = os.environ.get("IPYCLOUD_STATE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    from platformdirs import user_state_path
+
+    return user_state_path("ipycloud")
+
+
+def runs_dir() -> Path:
+    """Where the logs of runs without a checkpoint folder go."""
+    return state_dir() / "runs"
+
+
+def index_dir() -> Path:
+    """Where each run started here is named: ``<run-id>.json`` points to its log."""
+    return runs_dir() / "index"
+
+
+def log_path(folder: Path | None, run: str) -> Path:
+    """The log of ``run``, whose checkpoints go to ``folder`` (None: none)."""
+    parent = runs_dir() if folder is None else Path(folder) / RECORD_FOLDER
+    return parent / f"{run}{SUFFIX}"
+
+
+def logs_in(folder: Path) -> list[Path]:
+    """The run logs of a checkpoint folder (or of a folder of logs), unsorted; raises the
+    OSError of a folder that cannot be read."""
+    inner = folder / RECORD_FOLDER
+    where = inner if inner.is_dir() else folder
+    return [path for path in where.iterdir()
+            if path.suffix == SUFFIX and RUN_ID.fullmatch(path.stem) and path.is_file()]
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of the log at ``path``, in order. A damaged line (a torn last line of a
+    process killed as it wrote, a corrupt one) is skipped with a RunRecordWarning; raises
+    only the OSError of a file that cannot be read."""
+    records = []
+    lines = path.read_bytes().rstrip().split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        record = _parse(line) if line.strip() else None
+        if record is not None:
+            records.append(record)
+        elif line.strip():
+            where = "its last line, cut short," if number == len(lines) else f"line {number}"
+            warnings.warn(f"run log {path}: {where} is not a record; skipped", RunRecordWarning,
+                          stacklevel=2)
+    return records
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    """The record on ``line``, or None where it is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if (not isinstance(record, dict) or not isinstance(record.get("t"), int | float)
+            or record.get("kind") not in KINDS):
+        return None
+    for name, kind in _NEEDED.get(record["kind"], {}).items():
+        value = record.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return None
+    return record
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One line of a log: ``record`` as compact JSON (values JSON cannot hold as text, and
+    infinities, made readable) and a newline."""
+    try:
+        text = json.dumps(record, separators=(",", ":"), allow_nan=False, default=_plain)
+    except ValueError:  # an infinite or NaN metric
+        text = json.dumps(_finite(record), separators=(",", ":"), default=_plain)
+    return text.encode() + b"\n"
+
+
+def _plain(value: Any) -> Any:
+    """A value JSON does not know as a float (a NumPy scalar, a 0-d tensor) or text."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value

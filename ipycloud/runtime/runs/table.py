@@ -1,0 +1,61 @@
+"""Runs as a table: aligned text for terminals (``ipycloud runs``), HTML for notebooks."""
+
+from __future__ import annotations
+
+import html
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ipycloud.runtime.runs.summary import RunSummary
+from ipycloud.runtime.tables import Table, aligned_lines, html_table
+from ipycloud.runtime.units import format_duration
+
+
+class RunsTable:
+    """Runs, newest first, one row each: status, progress, speed, time left, best metric."""
+
+    HEADERS = ("run", "status", "notebook", "step", "epoch", "loss", "steps/s", "eta",
+               "best", "events", "updated")
+
+    def __init__(self, summaries: Sequence[RunSummary], where: str) -> None:
+        self.summaries = list(summaries)
+        self.where = where  # what the runs are of: a folder, or "this machine"
+
+    def table(self) -> Table:
+        rows = [(run.id, run.status, run.start.get("notebook") or "",
+                 _out_of(run.step, run.total_steps), _out_of(run.epoch, run.total_epochs),
+                 "" if run.last_loss is None else f"{run.last_loss:.4g}",
+                 "" if run.steps_per_s is None else f"{run.steps_per_s:.3g}",
+                 "" if run.eta_s is None else format_duration(run.eta_s),
+                 _best(run.best), str(len(run.events)) if run.events else "",
+                 _when(run.updated))
+                for run in self.summaries]
+        return self.HEADERS, rows
+
+    def title(self) -> str:
+        return f"{len(self.summaries)} run(s) {self.where}"
+
+    def __str__(self) -> str:
+        return "\n".join([self.title(), *aligned_lines(*self.table())])
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return f"<p>{html.escape(self.title())}</p>" + html_table(self.table())
+
+
+def _out_of(done: int, total: int | None) -> str:
+    return str(done) if total is None else f"{done}/{total}"
+
+
+def _best(best: dict[str, Any] | None) -> str:
+    if not best or not isinstance(best.get("value"), int | float):
+        return ""
+    return f"{best.get('metric')} {best['value']:.4g} (epoch {best.get('epoch')})"
+
+
+def _when(unix_time: float | None) -> str:
+    return "" if unix_time is None else time.strftime("%Y-%m-%d %H:%M:%S",
+                                                       time.localtime(unix_time))
