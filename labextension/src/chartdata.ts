@@ -83,7 +83,7 @@ export function runCharts(records: readonly IRunRecord[], axis: XAxis): IChartCo
   return charts;
 }
 
-/** GPU utilisation and memory, CPU, RAM and disk use over time. */
+/** GPU utilisation and memory, CPU, RAM, disk use and network traffic over time. */
 export function machineCharts(samples: readonly IReading[]): IChartContent[] {
   const xs = samples.map(sample => sample.time);
   const latest = samples[samples.length - 1];
@@ -163,9 +163,37 @@ export function machineCharts(samples: readonly IReading[]): IChartContent[] {
           samples.map(sample => sample.disks.find(entry => entry.name === disk.name)?.used ?? null)
         )
       ]
+    },
+    {
+      spec: {
+        name: 'network',
+        title: 'Network',
+        series: [
+          { label: 'received', colour: PALETTE[0] },
+          { label: 'sent', colour: PALETTE[1] }
+        ],
+        format: formatTraffic
+      },
+      data: [
+        xs,
+        samples.map(sample => sample.network?.received_per_s ?? null),
+        samples.map(sample => sample.network?.sent_per_s ?? null)
+      ]
     }
   );
   return charts;
+}
+
+/** `512 B/s`, `3.4 KiB/s`, `12.0 MiB/s`: traffic spans more units than memory does. */
+export function formatTraffic(bytesPerSecond: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
+  let value = bytesPerSecond;
+  let unit = 0;
+  while (Math.abs(value) >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit += 1;
+  }
+  return `${unit ? value.toFixed(1) : Math.round(value)} ${units[unit]}/s`;
 }
 
 /**

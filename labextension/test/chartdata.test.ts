@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import type { IReading } from '../src/api';
-import { machineCharts, runCharts, smooth } from '../src/chartdata';
+import { formatTraffic, machineCharts, runCharts, smooth } from '../src/chartdata';
 import type { IRunRecord } from '../src/runapi';
 
 const step = (t: number, step: number, loss: number | null, lr = 0.1): IRunRecord => ({
@@ -61,11 +61,27 @@ test("the machine's charts have a series per GPU, missing where a GPU was not re
       })),
       cpu: { percent: 50 },
       ram: { used: 2, limit: 8 },
-      disks: [{ name: 'home', used: 3 }]
+      disks: [{ name: 'home', used: 3, total: 10 }],
+      network: { received_per_s: time * 100, sent_per_s: null }
     }) as unknown as IReading;
   const charts = machineCharts([reading(1, [[0, 10]]), reading(2, [[0, 20], [1, 30]])]);
-  assert.deepEqual(charts.map(chart => chart.spec.name), ['gpu-utilization', 'gpu-memory', 'cpu', 'ram', 'disks']);
+  assert.deepEqual(charts.map(chart => chart.spec.name), [
+    'gpu-utilization',
+    'gpu-memory',
+    'cpu',
+    'ram',
+    'disks',
+    'network'
+  ]);
   assert.deepEqual(charts[0].data, [[1, 2], [10, 20], [null, 30]]);
   assert.deepEqual(charts[1].spec.range, [0, 40]);
   assert.deepEqual(charts[3].data, [[1, 2], [2, 2], [8, 8]]);
+  assert.deepEqual(charts[4].spec.range, [0, 10]);
+  assert.deepEqual(charts[5].data, [[1, 2], [100, 200], [null, null]]);
+});
+
+test('network traffic is in bytes, KiB or MiB per second', () => {
+  assert.equal(formatTraffic(512), '512 B/s');
+  assert.equal(formatTraffic(3.5 * 1024), '3.5 KiB/s');
+  assert.equal(formatTraffic(12 * 1024 ** 2), '12.0 MiB/s');
 });
