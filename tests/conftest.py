@@ -37,6 +37,7 @@ def state_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """ipycloud's state folder (records kept between sessions) under tmp_path, for this
     test and the processes it starts, never the user's."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("IPYCLOUD_STATE_DIR", raising=False)
     return tmp_path / "state" / "ipycloud"
 
 

@@ -10,6 +10,10 @@ row: then saves go straight to the fallback folder, and after each one the newes
 back into the folder in the background; the first copy that succeeds sends saves to the
 folder again, so the folder is at most one checkpoint behind once it answers. A save that
 neither folder takes leaves the state unsaved, and says so; training goes on.
+
+What the user is told also goes to the saver's ``listener``, as an event: SAVE_FAILED (a
+save the folder did not take, or neither folder took), FALLBACK (a save that went to the
+fallback folder instead) or COPIED_BACK (the folder answers again).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import errno as errnos
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from ipycloud.runtime.checkpoint import runs
@@ -33,6 +37,7 @@ from ipycloud.runtime.per_process import per_process
 
 SWITCH_AFTER = 2  # failed saves in a row after which saves go to the fallback folder
 FINAL_COPY_WAIT_S = 30.0  # how long the end of a run waits for the last copy back
+SAVE_FAILED, FALLBACK, COPIED_BACK = "save_failed", "fallback", "copied_back"
 
 
 class ResilientSaver:
@@ -47,6 +52,7 @@ class ResilientSaver:
         self._warned: set[str] = set()  # the kinds of failure already told
         self._on_fallback = False
         self._notices: list[str] = []  # from the copying thread: told at the next call
+        self.listener: Callable[[str, str], None] | None = None  # told (event, text)
         self._copying: threading.Thread | None = None
         self._lock = threading.Lock()  # between saves to the fallback folder and copying
 
@@ -83,7 +89,7 @@ class ResilientSaver:
             self._succeeded(self.manager.wait())
         except CheckpointStorageError as error:
             self.lost = error.step
-            self._tell(self._failed(error))
+            self._tell(self._failed(error), SAVE_FAILED)
         return self.newest
 
     def resumed(self, info: CheckpointInfo) -> None:
@@ -157,7 +163,8 @@ class ResilientSaver:
         scratch = self._fallback()
         if scratch is None:
             self.lost = step
-            self._tell(problem and f"{problem}; step {step} is not saved (no fallback folder)")
+            self._tell(problem and f"{problem}; step {step} is not saved (no fallback folder)",
+                       SAVE_FAILED)
             return None
         try:
             with self._lock:
@@ -171,14 +178,15 @@ class ResilientSaver:
                 self._warned.add(kind)
                 self._tell(f"{problem or f'{self.manager.directory} is failing'}; step {step} "
                            f"could not be saved in {scratch.directory} either ({error}): it "
-                           "is not saved, and training goes on")
+                           "is not saved, and training goes on", SAVE_FAILED)
             return None
         if problem is not None:
             self._tell(f"{problem}; step {step} is saved in {scratch.directory} instead, and "
                        "training goes on" + (
                            f": later saves go there until {self.manager.directory} answers "
                            "again (tried after each save)" if self._on_fallback else
-                           f" ({self.manager.directory} is tried again at the next save)"))
+                           f" ({self.manager.directory} is tried again at the next save)"),
+                       FALLBACK)
         if self._on_fallback:
             self._copy_back_later()
         return info
@@ -241,12 +249,13 @@ class ResilientSaver:
     def _tell_notices(self) -> None:
         notices, self._notices = self._notices, []
         for notice in notices:
-            self._tell(notice)
+            self._tell(notice, COPIED_BACK)
 
-    @staticmethod
-    def _tell(text: str | None) -> None:
+    def _tell(self, text: str | None, event: str) -> None:
         if text:
             warnings.warn(f"ipycloud: {text}", CheckpointWarning, stacklevel=4)
+            if self.listener is not None:
+                self.listener(event, text)
 
 
 def _kind(error: CheckpointStorageError) -> str:

@@ -32,17 +32,21 @@ class RunStart:
     max_steps: int | None
     main: bool  # the process that writes checkpoints and shows progress
     details: dict[str, Any] = field(default_factory=dict)  # device, precision, model...
+    run: str | None = None  # the checkpoint run's id (CheckpointInfo.run), where known
 
 
 @dataclass(frozen=True)
 class RunEnd:
     """How a call of ``fit`` ended: ``status`` is one of FINISHED, FAILED, PAUSED (an
-    interrupt or a SIGTERM; rerunning continues) or STOPPED_EARLY."""
+    interrupt or a SIGTERM; rerunning continues) or STOPPED_EARLY. ``best`` is the best
+    epoch by the metric the run watches (keep_best's, else early_stop's): ``{"metric",
+    "value", "epoch"}``, or None."""
 
     status: str
     reason: str | None
     step: int
     epoch: int
+    best: dict[str, Any] | None = None
 
 
 class Follower(Protocol):

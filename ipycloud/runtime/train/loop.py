@@ -28,6 +28,8 @@ from ipycloud.runtime.checkpoint.resilient import (
     ResilientSaver,
     resilient_saver,
 )
+from ipycloud.runtime.runs.best import best_epoch
+from ipycloud.runtime.runs.recorder import record_run
 from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.arguments import (
@@ -37,7 +39,7 @@ from ipycloud.runtime.train.arguments import (
     checkpoint_seconds,
     unreadable_at_start,
 )
-from ipycloud.runtime.train.callbacks import Callbacks, early_stopping
+from ipycloud.runtime.train.callbacks import Callbacks, EarlyStopping, early_stopping
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
 from ipycloud.runtime.train.followers import (
@@ -191,12 +193,14 @@ class _Trainer:
         self._notes: list[str] = []  # said before the first step
         self.saver: ResilientSaver | None = None  # saves around a failing folder
         self.manager: Any = None
-        self._resumed = False  # whether the run continues from a checkpoint
+        # The checkpoint the run continues from (its name and folder), if it resumed.
+        self._resumed_from: tuple[str, Any] | None = None
         self._preemption: Preemption | None = None
         self._bar = Progress(False)  # the run's, once it starts
         self._phase = STARTING
         self._rng_states: dict[str, Any] = {}  # as they were when the phase began
         self.followers = Followers()  # told what happens, once the steps begin
+        self._ended = False  # whether the followers were told how the run ended
         self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
 
     # -- the run --------------------------------------------------------------------------
@@ -226,7 +230,12 @@ class _Trainer:
         bar.start(self._total_steps(), self.step)
         self.manager, self._bar = manager, bar
         self._enter(STARTING)
-        self.followers = start_following(self._run_start(manager))
+        self.followers = start_following(self._run_start(manager), built_in=[record_run])
+        if resumed is not None:
+            self.followers.tell("happened", "resume", f"resuming from {resumed.name} (step "
+                                f"{resumed.step}, epoch {self.data.epoch})")
+        if self.saver is not None:
+            self.saver.listener = self._storage_event
         self._logged_at = (self.step, time.monotonic())
         try:
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
@@ -242,11 +251,15 @@ class _Trainer:
             if self.saver is not None:  # let the last good checkpoint finish writing
                 with contextlib.suppress(Exception):
                     self.saver.wait()
+            if _out_of_memory(error):
+                self.followers.tell("happened", "out_of_memory", _first_line(error))
             self._tell_end(PAUSED if isinstance(error, KeyboardInterrupt) else FAILED,
                            _first_line(error))
             raise
         finally:
             bar.close()
+            if self.saver is not None:
+                self.saver.listener = None
         self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
             else self._tell_end(FINISHED, None)
         return self.history
@@ -537,7 +550,8 @@ class _Trainer:
         save it now and return True; otherwise False, and the next step boundary saves."""
         if self._phase not in (STARTING, EPOCH_START, VALIDATING):
             return False
-        self._say_preempted(self._bar, rng_states=self._rng_states)
+        line = self._say_preempted(self._bar, rng_states=self._rng_states)
+        self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
         return True
 
     def _end_preempted(self, bar: Progress) -> None:
@@ -545,6 +559,7 @@ class _Trainer:
         process."""
         self._read_losses()
         line = self._say_preempted(bar, rng_states=None)
+        self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
         assert self._preemption is not None
         self._preemption.end()
         raise KeyboardInterrupt(line)  # the signal's handler let the process live
@@ -644,7 +659,7 @@ class _Trainer:
         where = self.saver.finish(copy_wait_s)
         if where is not None:
             bar.say(f"ipycloud.fit: {where}")
-        elif not self._resumed:
+        elif self._resumed_from is None:
             raise CheckpointError(f"no checkpoint of this run could be saved, in "
                                   f"{manager.directory} or in its fallback folder "
                                   f"{manager.fallback}: the trained model is only in memory")
@@ -666,13 +681,17 @@ class _Trainer:
             return
         self._reported_checkpoint = info.name
         self.callbacks.call("on_checkpoint", info)
+        if self._resumed_from == (info.name, info.directory):
+            return  # not one this call wrote
         self.followers.tell("checkpointed", {"name": info.name, "step": info.step,
                                              "epoch": info.epoch,
                                              "folder": str(info.directory)})
 
     def _run_start(self, manager: Any) -> RunStart:
         plan = self.plan
+        watched = self._watched(manager)
         return RunStart(
+            run=self._run_id(manager),
             folder=manager.directory if manager is not None else None, step=self.step,
             epoch=self.data.epoch, total_steps=self._total_steps(), epochs=plan.epochs,
             max_steps=plan.max_steps, main=self.main,
@@ -682,11 +701,39 @@ class _Trainer:
                      "optimizer": type(self.optimizer).__name__,
                      "batch_size": self.data.batch_size,
                      "grad_accum": plan.grad_accum,
-                     "world_size": self._rank_and_world()[1]})
+                     "world_size": self._rank_and_world()[1],
+                     "watch": watched and {"metric": watched[0], "mode": watched[1]}})
+
+    def _run_id(self, manager: Any) -> str | None:
+        """The id of the run the checkpoints go to, where this process writes them."""
+        if manager is None or not self.main:
+            return None
+        try:
+            return str(manager.run_id())
+        except CheckpointStorageError:  # the folder fails: its record goes under a new id
+            return None
+
+    def _watched(self, manager: Any) -> tuple[str, str] | None:
+        """The metric the run's best epoch is judged by, and whether lower is better: the
+        checkpoint's keep_best, else early stopping's."""
+        if manager is not None and manager.keep_best is not None:
+            return manager.keep_best[0], manager.keep_best[1]
+        stopping = next((callback for callback in self.callbacks.callbacks
+                         if isinstance(callback, EarlyStopping)), None)
+        return None if stopping is None else (stopping.metric, stopping.mode)
+
+    def _storage_event(self, event: str, message: str) -> None:
+        """What the checkpoint saver tells of a failing folder, for the followers."""
+        self.followers.tell("happened", event, message)
 
     def _tell_end(self, status: str, reason: str | None) -> None:
+        if self._ended:  # a SIGTERM's end was told before its signal was delivered
+            return
+        self._ended = True
+        watched = self._watched(self.manager)
+        best = None if watched is None else best_epoch(self.history.epochs, *watched)
         self.followers.tell("ended", RunEnd(status=status, reason=reason, step=self.step,
-                                            epoch=self.data.epoch))
+                                            epoch=self.data.epoch, best=best))
 
     def _resume(self, manager: Any, resume: bool | str | int) -> Any:
         if resume is False:
@@ -720,7 +767,7 @@ class _Trainer:
                                   "checkpoint= folder") from None
         self.history.restore(state["history"])
         self._window = list(state["history"].get("loss_window", []))
-        self._resumed = True
+        self._resumed_from = (info.name, info.directory)
         if self.main and self.saver is not None:
             self.saver.resumed(info)  # from the fallback folder: copied back
         self._changed = resuming.changed_settings(
@@ -773,6 +820,14 @@ def _first_line(error: BaseException) -> str:
     """``ValueError: the first line of its message``."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is the accelerator (or the host) running out of memory."""
+    import torch
+
+    return (isinstance(error, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError))
+            or (isinstance(error, RuntimeError) and "out of memory" in str(error).lower()))
 
 
 def _steps_on_metric(scheduler: Any) -> bool:

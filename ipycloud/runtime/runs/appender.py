@@ -1,0 +1,178 @@
+"""Lines appended to a file by a thread of their own, so that storage never holds up training.
+
+``append`` only queues the line (microseconds; safe from a signal handler); the thread
+writes what is queued at once, in one ``os.write`` on a descriptor opened with O_APPEND,
+so a process killed outright loses at most the lines of its last instants. Where the
+file cannot be written (a Drive mount gone, a full or read-only disk) the lines wait in
+memory (beyond MAX_WAITING of them, lines marked droppable are dropped), and the
+thread tries again every RETRY_S seconds, reopening the file. ``failure`` says what went
+wrong, for the caller to tell once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import os
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from ipycloud.runtime.durable import make_folder, mount_point
+
+MAX_WAITING = 100_000  # lines kept while the file cannot be written
+RETRY_S = 5.0  # between tries at a file that fails
+CHUNK_LINES = 1024  # lines written in one os.write at most
+EXIT_WAIT_S = 2.0  # how long the process's exit waits for the lines still queued
+
+Task = Callable[[], object]  # run on the thread, in order with the lines (errors ignored)
+
+
+class Appender:
+    """Appends lines to ``path`` (its folder made where missing) from a daemon thread."""
+
+    def __init__(self, path: Path, name: str = "ipycloud-run-record") -> None:
+        self.path = path
+        self.failure: OSError | None = None  # the first failure, until a write succeeds
+        self.dropped = 0  # lines dropped while the file failed
+        self._queue: queue.SimpleQueue[bytes | Task | None] = queue.SimpleQueue()
+        self._queued = 0  # lines and tasks put (counted by the caller's thread)
+        self._done = 0  # of them written or run (counted by the writing thread)
+        self._waiting: deque[bytes] = deque()  # taken from the queue, not written yet
+        self._offset = 0  # bytes of the first waiting line already written
+        self._fd: int | None = None
+        self._mount: Path | None = None  # of the file's file system, as first seen
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        _OPEN.add(self)
+
+    def append(self, line: bytes, droppable: bool = False) -> None:
+        """Queue ``line`` (ending in a newline). A ``droppable`` line is dropped instead
+        while MAX_WAITING lines wait for a failing file."""
+        if droppable and self._queued - self._done >= MAX_WAITING:
+            self.dropped += 1
+            return
+        self._queued += 1
+        self._queue.put(line)
+
+    def call(self, task: Task) -> None:
+        """Run ``task`` on the thread after the lines queued so far are written or kept."""
+        self._queued += 1
+        self._queue.put(task)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for what is queued to be written; whether it is.
+        Returns at once while the file fails."""
+        wanted = self._queued
+        deadline = time.monotonic() + timeout
+        while self._done < wanted and self.failure is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return self._done >= wanted
+
+    def close(self) -> None:
+        """Stop once the lines queued are written (the thread goes on trying while the
+        file fails, until the process exits)."""
+        self._queue.put(None)
+        _OPEN.discard(self)
+
+    # -- the thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        closing = False
+        while not (closing and not self._waiting):
+            timeout = RETRY_S if self._waiting else None
+            try:
+                item = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                item = None if closing else b""  # time to try again
+            while True:
+                if item is None:
+                    closing = True
+                elif isinstance(item, bytes):
+                    if item:
+                        self._waiting.append(item)
+                else:
+                    self._write()
+                    with contextlib.suppress(Exception):
+                        item()
+                    self._done += 1
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            self._write()
+        self._close_file()
+
+    def _write(self) -> None:
+        """Write the waiting lines; on failure keep them, and note it."""
+        while self._waiting:
+            lines = itertools.islice(self._waiting, CHUNK_LINES)
+            data = b"".join(lines)[self._offset:]
+            try:
+                written = os.write(self._open(), data)
+            except OSError as error:
+                self._failed(error)
+                return
+            self.failure = None
+            self._advance(written)
+
+    def _advance(self, written: int) -> None:
+        """Drop the lines ``written`` bytes completed."""
+        self._offset += written
+        while self._waiting and self._offset >= len(self._waiting[0]):
+            self._offset -= len(self._waiting.popleft())
+            self._done += 1
+
+    def _open(self) -> int:
+        if self._fd is None:
+            if self._mount is None:
+                self._mount = mount_point(self.path.parent)
+            make_folder(self.path.parent, self._mount)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                               0o644)
+            if self._offset:  # a line cut short before the failure: begin afresh below it
+                self._waiting[0] = b"\n" + self._waiting[0]
+                self._offset = 0
+        return self._fd
+
+    def _failed(self, error: OSError) -> None:
+        if self.failure is None:
+            self.failure = error
+        self._close_file()
+
+    def _close_file(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+
+
+_OPEN: weakref.WeakSet[Appender] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """At the process's exit, give the lines still queued a moment to be written."""
+    for appender in list(_OPEN):
+        appender.flush(EXIT_WAIT_S)
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) has none of the threads: it closes their
+    descriptors and writes nothing."""
+    global _OPEN
+    for appender in list(_OPEN):
+        if appender._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(appender._fd)
+    _OPEN = weakref.WeakSet()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
