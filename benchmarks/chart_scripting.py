@@ -1,9 +1,12 @@
 """Benchmark: the browser's scripting time a chart view costs, per minute, refreshed once a
 second: ipycloud's machine chart view against jupyterlab-nvdashboard's "Machine Resources".
 
-One real ``jupyter lab`` (without a GPU: the machine's CPU, RAM and disks), the lab
-extension of this checkout first on ``JUPYTER_PATH``, ipycloud's panel and charts set to
-ask every second (``refreshInterval: 1``; the server samples every second). With
+One real ``jupyter lab`` (without a GPU: the machine's CPU, RAM, disks and network), the
+lab extension of this checkout first on ``JUPYTER_PATH``, ipycloud's panel and charts set
+to ask every second (``refreshInterval: 1``; the server samples every second). The server
+starts with a day of readings in its history file, thinned as it keeps them (one a second
+for the last hour, one a minute before): ipycloud's chart view draws all of them, as it
+would after a day. nvdashboard keeps no history: its charts start empty. With
 ``--nvdashboard-python`` (a Python where ``jupyterlab_nvdashboard`` is installed, e.g. a
 throwaway venv) the same server also runs nvdashboard, set to update every second
 (``updateFrequency: 1000``).
@@ -11,7 +14,9 @@ throwaway venv) the same server also runs nvdashboard, set to update every secon
 Headless Chromium (Debian's) opens JupyterLab, then for each condition in turn
 (A B C C B A ...) waits ``WINDOW_S`` and reads Chrome's ``Performance.getMetrics`` through
 a DevTools Protocol session: ``ScriptDuration`` (seconds the page ran JavaScript) and
-``TaskDuration``. Conditions: ``idle`` (JupyterLab with the status bar, nothing else open),
+``TaskDuration``, and counts the updates the page received: requests for
+``ipycloud/api/history`` (the status bar asks too, in every condition) and nvdashboard's
+websocket messages. Conditions: ``idle`` (JupyterLab with the status bar, nothing else open),
 ``ipycloud`` (its machine chart view open), ``nvdashboard`` (its Machine Resources chart
 open). A view's cost is its median per minute less the idle median.
 
@@ -32,6 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +66,30 @@ def write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value))
 
 
+def write_day_of_history(path: Path, now: float) -> int:
+    """A day of readings before ``now`` in the server's history file, as the server thins
+    them; returns how many."""
+    times = [now - 86_400 + 60 * i for i in range(23 * 60)] + [now - 3600 + i for i in range(3600)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for i, stamp in enumerate(times):
+            wave = (i % 600) / 600
+            out.write(json.dumps({
+                "time": stamp, "interval_s": 1.0,
+                "platform": {"name": "Local machine", "session_left_s": None},
+                "gpu_problem": "no GPU", "gpus": [],
+                "cpu": {"percent": 100 * wave, "cores": 2, "throttled_percent": None},
+                "ram": {"used": int(4e9 * wave), "limit": 8 * 2**30, "limited": True,
+                        "peak": None, "swap_used": 0, "swap_total": 0},
+                "disks": [{"name": "home", "path": "/root", "used": int(3e10 + 1e6 * i),
+                           "total": 10**11}],
+                "network": {"received_per_s": 1e5 * wave, "sent_per_s": 2e4 * wave}}) + "\n")
+    return len(times)
+
+
 def start_lab(home: Path, python: str, nvdashboard: bool) -> tuple[subprocess.Popen[bytes], str]:
-    """``jupyter lab`` with its own folders under ``home``; returns it and its URL."""
+    """``jupyter lab`` with its own folders under ``home`` and a day of history; returns it
+    and its URL."""
     extensions = home / "jupyter-path" / "labextensions"
     extensions.mkdir(parents=True)
     (extensions / "ipycloud").symlink_to(BUILT_EXTENSION)
@@ -77,6 +105,7 @@ def start_lab(home: Path, python: str, nvdashboard: bool) -> tuple[subprocess.Po
                {"fetchNews": "false"})
     root = home / "root"
     root.mkdir()
+    write_day_of_history(home / "history.jsonl", time.time())
     port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
            "JUPYTER_RUNTIME_DIR": str(home / "runtime"), "JUPYTERLAB_SETTINGS_DIR": str(settings),
@@ -88,7 +117,9 @@ def start_lab(home: Path, python: str, nvdashboard: bool) -> tuple[subprocess.Po
         [python, "-m", "jupyterlab", f"--port={port}", "--ServerApp.ip=127.0.0.1",
          "--ServerApp.open_browser=False", f"--IdentityProvider.token={token}",
          f"--ServerApp.root_dir={root}", "--LabApp.news_url=None",
-         "--IpycloudServer.interval=1", *(["--allow-root"] if os.geteuid() == 0 else [])],
+         "--IpycloudServer.interval=1",
+         f"--IpycloudServer.history_file={home / 'history.jsonl'}",
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
         env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -98,7 +129,8 @@ def start_lab(home: Path, python: str, nvdashboard: bool) -> tuple[subprocess.Po
             break
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"jupyter lab did not start: see {home / 'jupyter.log'}")
+                log_path = home / "jupyter.log"
+                raise RuntimeError(f"jupyter lab did not start: see {log_path}") from None
             time.sleep(0.2)
     return process, f"{url}/lab?reset&token={token}"
 
@@ -150,15 +182,23 @@ def measure(url: str, conditions: list[str]) -> dict[str, list[dict[str, float]]
             page.locator("#ipycloud-status").wait_for(timeout=60_000)
             cdp = page.context.new_cdp_session(page)
             cdp.send("Performance.enable")
+            updates = Counter[str]()
+            page.on("request", lambda request: updates.update(
+                ["history_requests"] if "/ipycloud/api/history" in request.url else []))
+            page.on("websocket", lambda socket: socket.on(
+                "framereceived", lambda _: updates.update(["nvdashboard_messages"])))
             order = [*conditions, *reversed(conditions)] * ROUNDS
             for condition in order:
                 open_view(page, condition)
                 page.wait_for_timeout(SETTLE_S * 1000)
                 before = script_seconds(cdp)
+                updates.clear()
                 page.wait_for_timeout(WINDOW_S * 1000)
                 after = script_seconds(cdp)
                 per_minute = {name: round((after[name] - before[name]) * 60 / WINDOW_S * 1000, 1)
                               for name in after}
+                per_minute.update({name: round(count * 60 / WINDOW_S)
+                                   for name, count in updates.items()})
                 windows[condition].append(per_minute)
                 print(f"{condition}: {per_minute} ms per minute", flush=True)
             page.screenshot(path=str(Path(tempfile.gettempdir()) / "chart_scripting.png"))
@@ -180,14 +220,16 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait(20)
-    medians = {name: {metric: statistics.median(window[metric] for window in each)
-                      for metric in ("ScriptDuration", "TaskDuration")}
+    medians = {name: {metric: statistics.median(window.get(metric, 0) for window in each)
+                      for metric in ("ScriptDuration", "TaskDuration", "history_requests",
+                                     "nvdashboard_messages")}
                for name, each in windows.items()}
     idle = medians["idle"]["ScriptDuration"]
     results = {
         "machine": machine(),
         "refresh_s": REFRESH_S, "window_s": WINDOW_S, "rounds": ROUNDS,
-        "unit": "milliseconds of the page's main thread per minute",
+        "unit": "milliseconds of the page's main thread per minute; updates per minute",
+        "history_readings_at_start": 23 * 60 + 3600,
         "median_per_minute": medians,
         "view_script_ms_per_minute": {name: round(each["ScriptDuration"] - idle, 1)
                                       for name, each in medians.items() if name != "idle"},

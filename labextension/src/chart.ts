@@ -113,11 +113,17 @@ function options(
   const style = getComputedStyle(document.body);
   const colour = (name: string) => style.getPropertyValue(name).trim() || 'currentColor';
   // The canvas needs a size in pixels: the theme's sizes are in em.
-  const font = `${AXIS_FONT_PX}px ${style.getPropertyValue('--jp-ui-font-family').trim() || 'sans-serif'}`;
+  const family = style.getPropertyValue('--jp-ui-font-family').trim() || 'sans-serif';
+  const font = `${AXIS_FONT_PX}px ${family}`;
   const text = colour('--jp-ui-font-color1');
   const grid = colour('--jp-border-color2');
   const format = (value: number | null) => (value === null ? '–' : spec.format(value));
-  const axisStyle = { stroke: text, font, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } };
+  const axisStyle = {
+    stroke: text,
+    font,
+    grid: { stroke: grid, width: 1 },
+    ticks: { stroke: grid }
+  };
   return {
     title: spec.title,
     width: 400,

@@ -221,7 +221,8 @@ function alongAxis(
 ): { x: number; record: IRunRecord }[] {
   const rows: { x: number; record: IRunRecord }[] = [];
   for (const record of records) {
-    const x = axis === 'time' ? record.t : figure(record.kind === 'epoch' ? record.steps : record.step);
+    const step = record.kind === 'epoch' ? record.steps : record.step;
+    const x = axis === 'time' ? record.t : figure(step);
     if (x === null) {
       continue;
     }

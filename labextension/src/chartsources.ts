@@ -59,8 +59,8 @@ export class RunSource implements IChartSource {
     if (!run) {
       return '';
     }
-    const eta =
-      run.status === 'running' ? etaVerdict(run.eta_s, this._sessionLeft() ?? run.session_left_s) : null;
+    const sessionLeft = this._sessionLeft() ?? run.session_left_s;
+    const eta = run.status === 'running' ? etaVerdict(run.eta_s, sessionLeft) : null;
     return [runName(run), run.status, formatProgress(run), eta?.text, formatLoss(run.last_loss)]
       .filter(Boolean)
       .join(' · ');

@@ -136,7 +136,8 @@ export class ChartView extends Widget {
         void this._poll.stop();
         return;
       }
-      setText(this._note, `No new figures: ${error instanceof Error ? error.message : error}. Trying again…`);
+      const message = error instanceof Error ? error.message : String(error);
+      setText(this._note, `No new figures: ${message}. Trying again…`);
       throw error;
     }
   }

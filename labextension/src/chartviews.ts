@@ -27,8 +27,11 @@ export class ChartViews {
     restorer: ILayoutRestorer | null
   ) {
     _app.commands.addCommand(OPEN_CHART, {
-      label: args => (args.run ? `Open the charts of run ${args.run}` : "Open the machine's charts"),
-      caption: "A run's loss, learning rate and metrics, or the machine's GPUs, CPU, RAM and disks over time",
+      label: args =>
+        args.run ? `Open the charts of run ${args.run}` : "Open the machine's charts",
+      caption:
+        "A run's loss, learning rate and metrics, or the machine's GPUs, CPU, RAM, disks " +
+        'and network over time',
       icon: lineFormIcon,
       execute: args => this.open(typeof args.run === 'string' ? args.run : null)
     });

@@ -40,7 +40,10 @@ export class ResourcePanel extends Widget {
     this._kernels = new KernelsTable(shutDown);
     const charts = element(
       'button',
-      { class: 'jp-Button jp-mod-styled ipycloud-Panel-charts', 'data-ipycloud-action': 'open-machine-chart' },
+      {
+        class: 'jp-Button jp-mod-styled ipycloud-Panel-charts',
+        'data-ipycloud-action': 'open-machine-chart'
+      },
       lineFormIcon.element({ tag: 'span' }),
       'Charts'
     );

@@ -159,7 +159,8 @@ class RunRow {
     const verdict = running ? etaVerdict(run.eta_s, sessionLeft ?? run.session_left_s) : null;
     setText(cells.eta, verdict?.text ?? '');
     setAttribute(this.node, 'data-ipycloud-late', verdict?.late ? 'true' : 'false');
-    setText(cells.metrics, [formatLoss(run.last_loss), formatBest(run.best)].filter(Boolean).join(' · '));
+    const metrics = [formatLoss(run.last_loss), formatBest(run.best)].filter(Boolean);
+    setText(cells.metrics, metrics.join(' · '));
   }
 
   private _run: IRunSummary | null = null;

@@ -37,15 +37,16 @@ test('on the step axis a resumed run replaces the steps it did again', () => {
 });
 
 test('the epochs chart has each metric of the epochs, by name', () => {
-  const records: IRunRecord[] = [
-    step(1, 5, 1.0),
-    { t: 2, kind: 'epoch', epoch: 0, steps: 5, val_loss: 0.8, train_loss: 0.9, val_accuracy: 0.5, seconds: 3 },
-    { t: 4, kind: 'epoch', epoch: 1, steps: 10, val_loss: 0.7, train_loss: 0.6, val_accuracy: 0.6, seconds: 3 }
-  ];
+  const epoch = (t: number, steps: number, figures: number[]): IRunRecord => {
+    const [val_loss, train_loss, val_accuracy] = figures;
+    return { t, kind: 'epoch', epoch: t, steps, val_loss, train_loss, val_accuracy, seconds: 3 };
+  };
+  const records = [step(1, 5, 1.0), epoch(2, 5, [0.8, 0.9, 0.5]), epoch(4, 10, [0.7, 0.6, 0.6])];
   const charts = runCharts(records, 'step');
   assert.deepEqual(charts.map(chart => chart.spec.name), ['loss', 'lr', 'epochs']);
   const epochs = charts[2];
-  assert.deepEqual(epochs.spec.series.map(series => series.label), ['train_loss', 'val_accuracy', 'val_loss']);
+  const labels = epochs.spec.series.map(series => series.label);
+  assert.deepEqual(labels, ['train_loss', 'val_accuracy', 'val_loss']);
   assert.deepEqual(epochs.data, [[5, 10], [0.9, 0.6], [0.5, 0.6], [0.8, 0.7]]);
 });
 

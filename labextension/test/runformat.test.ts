@@ -2,7 +2,13 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import type { IRunSummary } from '../src/runapi';
-import { etaVerdict, formatBest, formatFigure, formatProgress, progressPercent } from '../src/runformat';
+import {
+  etaVerdict,
+  formatBest,
+  formatFigure,
+  formatProgress,
+  progressPercent
+} from '../src/runformat';
 
 const RUN = {
   id: 'a1b2c3d4e5f6',
@@ -43,6 +49,7 @@ test('progress counts steps of the total and epochs from 1', () => {
 test('figures keep four significant digits', () => {
   assert.equal(formatFigure(0.532149), '0.5321');
   assert.equal(formatFigure(0.00003), '3.00e-5');
-  assert.equal(formatBest({ metric: 'val_loss', value: 0.40012, epoch: 0 }), 'best val_loss 0.4001 (epoch 1)');
+  const best = { metric: 'val_loss', value: 0.40012, epoch: 0 };
+  assert.equal(formatBest(best), 'best val_loss 0.4001 (epoch 1)');
   assert.equal(formatBest(null), '');
 });
