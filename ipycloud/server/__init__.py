@@ -1,6 +1,6 @@
-"""The Jupyter server extension of ipycloud: readings of the machine, the kernels' use of it
-and why kernels died, as JSON under ``<base_url>ipycloud/api/`` (README.md beside this
-module describes each route).
+"""The Jupyter server extension of ipycloud: readings of the machine (a day of them, kept
+across restarts), the kernels' use of it, why kernels died and the runs of ``fit``, as JSON
+under ``<base_url>ipycloud/api/`` (README.md beside this module describes each route).
 
 The wheel enables it with ``jupyter_server_config.d/ipycloud.json``; by hand:
 ``jupyter server --ServerApp.jpserver_extensions='{"ipycloud.server": true}'``. This module

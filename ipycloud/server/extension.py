@@ -1,7 +1,9 @@
-"""Loading the extension into a Jupyter server: settings, monitor, kernel watch, routes."""
+"""Loading the extension into a Jupyter server: settings, monitor, kernel watch, runs,
+routes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -11,6 +13,7 @@ from ipycloud.server.handlers import Services
 from ipycloud.server.kernels import KernelWatch
 from ipycloud.server.monitor import start_monitor
 from ipycloud.server.routes import API_PATH, add_routes
+from ipycloud.server.runs import RunFinder
 from ipycloud.server.settings import IpycloudServer
 
 
@@ -25,6 +28,7 @@ def load(serverapp: Any) -> None:
     kernels = KernelWatch(serverapp.kernel_manager, serverapp.session_manager, monitor, events,
                           gateway)
     kernels.start(serverapp.io_loop)
-    add_routes(serverapp.web_app, Services(monitor, kernels, events))
+    runs = RunFinder(Path(serverapp.root_dir).expanduser())
+    add_routes(serverapp.web_app, Services(monitor, kernels, events, runs))
     serverapp.log.info("ipycloud: machine readings every %g s under %s%s/", settings.interval,
                        serverapp.web_app.settings["base_url"], API_PATH)

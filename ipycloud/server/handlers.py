@@ -17,17 +17,19 @@ from ipycloud.runtime.monitor.payloads import parse_since, reading
 from ipycloud.server.events import DeathRecorder
 from ipycloud.server.kernels import KernelWatch
 from ipycloud.server.monitor import ServerMonitor
+from ipycloud.server.runs import RunFinder
 
 AUTH_RESOURCE = "ipycloud"
 SETTINGS_KEY = "ipycloud"  # the web app's setting holding the Services below
 
 
 class Services:
-    """What the handlers read: the monitor, the kernel watch and the death events."""
+    """What the handlers read: the monitor, the kernel watch, the death events and the
+    runs."""
 
-    def __init__(self, monitor: ServerMonitor, kernels: KernelWatch,
-                 events: DeathRecorder) -> None:
-        self.monitor, self.kernels, self.events = monitor, kernels, events
+    def __init__(self, monitor: ServerMonitor, kernels: KernelWatch, events: DeathRecorder,
+                 runs: RunFinder) -> None:
+        self.monitor, self.kernels, self.events, self.runs = monitor, kernels, events, runs
 
 
 class _Handler(APIHandler):
@@ -117,6 +119,44 @@ class EventsHandler(_Handler):
     @authorized
     async def get(self) -> None:
         self.answer({"events": self.services.events.since(self.since())})
+
+
+class RunsHandler(_Handler):
+    """GET runs: the runs of the server's kernels and under its root folder."""
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        runs, kernels = self.services.runs, self.services.kernels.kernel_ids()
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(
+            None, lambda: json.dumps({"runs": runs.summaries(kernels)}))
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
+
+
+class RunHandler(_Handler):
+    """GET runs/<id>?since=T: one run and its records after T."""
+
+    @web.authenticated
+    @authorized
+    async def get(self, run_id: str) -> None:
+        since = self.since()
+        runs, kernels = self.services.runs, self.services.kernels.kernel_ids()
+        loop = asyncio.get_running_loop()
+        body = await loop.run_in_executor(None, _run_json, runs, run_id, kernels, since)
+        if body is None:
+            self.answer({"message": f"no run of this server has the id {run_id!r}: GET runs "
+                                    "lists them"}, 404)
+            return
+        self.set_header("Content-Type", "application/json")
+        self.finish(body)
+
+
+def _run_json(runs: RunFinder, run_id: str, kernels: frozenset[str],
+              since: float | None) -> str | None:
+    found = runs.run(run_id, kernels, since)
+    return None if found is None else json.dumps({"run": found[0], "records": found[1]})
 
 
 def _gpu_problem(monitor: ServerMonitor) -> str | None:

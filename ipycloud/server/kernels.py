@@ -42,6 +42,7 @@ class KernelWatch:
         self._recorder = recorder
         self._gateway = gateway
         self._followed: set[str] = set()
+        self._seen: set[str] = set()  # every kernel since the server started
         self._sessions: dict[str, Json] = {}  # by kernel id, as of the last refresh
         self._timer = PeriodicCallback(self._tick, monitor.interval * 1000)
         self._syncing: asyncio.Future[None] | None = None
@@ -56,6 +57,7 @@ class KernelWatch:
         self._sessions = await self._session_models()
         ids = list(self._kernels.list_kernel_ids())
         self._followed &= set(ids)
+        self._seen.update(ids)
         pids = {}
         for kernel_id in ids:
             manager = self._manager(kernel_id)
@@ -66,6 +68,11 @@ class KernelWatch:
             if pid is not None:
                 pids[kernel_id] = pid
         self._monitor.watched = pids
+
+    def kernel_ids(self) -> frozenset[str]:
+        """The ids of the server's kernels: those running and those that ran since the
+        server started (a run's kernel may have died; its run is still the server's)."""
+        return frozenset(self._seen.union(self._kernels.list_kernel_ids()))
 
     async def table(self) -> list[Json]:
         """The entry of each running kernel (see README.md, GET kernels)."""

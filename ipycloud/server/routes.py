@@ -13,6 +13,8 @@ from ipycloud.server.handlers import (
     KernelHandler,
     KernelsHandler,
     ReadingHandler,
+    RunHandler,
+    RunsHandler,
     Services,
 )
 
@@ -29,4 +31,6 @@ def add_routes(web_app: Any, services: Services) -> None:
         (url_path_join(base, "kernels"), KernelsHandler),
         (url_path_join(base, "kernels", "(?P<kernel_id>[^/]+)"), KernelHandler),
         (url_path_join(base, "events"), EventsHandler),
+        (url_path_join(base, "runs"), RunsHandler),
+        (url_path_join(base, "runs", "(?P<run_id>[^/]+)"), RunHandler),
     ])

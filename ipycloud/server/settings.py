@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 from ipycloud.runtime.monitor.sampler import MAX_INTERVAL_S, VIEW_MIN_INTERVAL_S
+from ipycloud.runtime.runs.records import state_dir
 
 MAX_HISTORY_S = 86400.0
 # The readings kept as objects, for explaining a kernel's death: the last ten minutes.
@@ -52,7 +52,7 @@ class IpycloudServer(Configurable):
 
     @default("history_file")
     def _history_file_default(self) -> str:
-        return str(state_folder() / "server-history.jsonl")
+        return str(state_dir() / "server-history.jsonl")
 
     @validate("interval")
     def _check_interval(self, proposal: Any) -> float:
@@ -75,16 +75,6 @@ class IpycloudServer(Configurable):
         """How many readings the sampler keeps as objects (the last RECENT_S seconds of the
         history): at least one."""
         return max(math.ceil(min(self.history, RECENT_S) / self.interval), 1)
-
-
-def state_folder() -> Path:
-    """ipycloud's state folder: ``$IPYCLOUD_STATE_DIR``, else the user's state folder."""
-    named = os.environ.get("IPYCLOUD_STATE_DIR")
-    if named:
-        return Path(named).expanduser()
-    from platformdirs import user_state_path
-
-    return user_state_path("ipycloud")
 
 
 def _environment_seconds(name: str, fallback: float) -> float:
