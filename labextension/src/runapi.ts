@@ -27,6 +27,8 @@ export interface IRunSummary {
   session_left_s: number | null;
   last_loss: number | null;
   best: { metric: string; value: number; epoch: number } | null;
+  /** Why the run ended as it did (failed, paused, stopped early), else `null`. */
+  reason: string | null;
   events: number;
   checkpoints: number;
   device: string | null;

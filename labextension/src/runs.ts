@@ -157,7 +157,8 @@ class RunRow {
     this._bar.style.width = `${percent ?? 0}%`;
     const running = run.status === 'running';
     const verdict = running ? etaVerdict(run.eta_s, sessionLeft ?? run.session_left_s) : null;
-    setText(cells.eta, verdict?.text ?? '');
+    // A run that ended says why in the ETA's place.
+    setText(cells.eta, verdict?.text ?? (running ? '' : (run.reason ?? '')));
     setAttribute(this.node, 'data-ipycloud-late', verdict?.late ? 'true' : 'false');
     const metrics = [formatLoss(run.last_loss), formatBest(run.best)].filter(Boolean);
     setText(cells.metrics, metrics.join(' · '));
