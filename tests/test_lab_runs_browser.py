@@ -8,6 +8,7 @@ The lab extension is this checkout's build (``ipycloud/labextension/``), put fir
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class Slow:
 
 torch.manual_seed(0)
 inputs = torch.randn(400, 8)
-targets = inputs.sum(dim=1, keepdim=True)
+targets = inputs.sum(dim=1, keepdim=True) + 0.3 * torch.randn(400, 1)
 batches = [(inputs[i:i + 4], targets[i:i + 4]) for i in range(0, 400, 4)]
 model = torch.nn.Linear(8, 1)
 history = ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.01), batches,
@@ -51,6 +52,10 @@ class Lab:
 
     def url(self, path: str) -> str:
         return f"{self.server.base}/{path}?token={self.server.token}"
+
+    def saved_layout(self) -> str:
+        """The workspaces JupyterLab saved, as JSON text: what a reload restores."""
+        return json.dumps(self.server.api("lab/api/workspaces"))
 
 
 @pytest.fixture
@@ -105,11 +110,13 @@ def test_a_run_shows_live_in_the_panel_and_its_charts_across_a_reload(jupyter_la
             loss = page.locator('.ipycloud-ChartView [data-ipycloud-chart="loss"]')
             wait_for(lambda: points(loss) >= 2, 30, "the loss chart's points")
 
-            page.reload()  # the kernel stays busy in its cell
-            status_bar.get_by_text("Busy").wait_for(timeout=60_000)
-            row.wait_for(timeout=30_000)  # the panel is back, and asks again
+            wait_for(lambda: "ipycloud-chart:" in lab.saved_layout(), 20,
+                     "JupyterLab to save the layout with the chart view")
+            page.reload()  # the kernel goes on in its cell
+            row.wait_for(timeout=60_000)  # the panel is back, and asks again
             before = step_of(row)
             wait_for(lambda: step_of(row) > before, 30, "the run's step to grow after the reload")
+            assert row.get_attribute("data-ipycloud-run-status") == "running"
             progress = row.locator('[data-ipycloud-run-field="progress"]').inner_text()
             assert re.fullmatch(r"step \d+/600 · epoch [1-6]/6", progress), progress
             assert row.locator('[data-ipycloud-run-field="eta"]').inner_text().startswith("ETA ")
