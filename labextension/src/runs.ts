@@ -9,7 +9,7 @@ import { IDisposable } from '@lumino/disposable';
 import { Poll } from '@lumino/polling';
 
 import { ApiError, requestAPI } from './api';
-import { element, setAttribute, setText } from './dom';
+import { element, setAttribute, setChildren, setText } from './dom';
 import { ResourceMonitor } from './monitor';
 import type { IRunSummary, IRuns } from './runapi';
 import {
@@ -88,11 +88,7 @@ export class RunsSection implements IDisposable {
       row.update(run, sessionLeft);
       rows.set(run.id, row);
     }
-    const order = [...rows.values()].map(row => row.node);
-    const shown = Array.from(this._list.children);
-    if (order.length !== shown.length || order.some((node, i) => node !== shown[i])) {
-      this._list.replaceChildren(...order);
-    }
+    setChildren(this._list, [...rows.values()].map(row => row.node));
     this._rows = rows;
     setText(
       this._note,
