@@ -1,6 +1,8 @@
 """A run of ``fit`` in JupyterLab, watched through headless Chromium: the panel's Runs
 section follows it, across a reload of the page while the kernel is busy in its cell, and
-the chart view draws its loss with axes and values under the cursor.
+the chart view draws its loss with axes and values under the cursor. A second run, one of
+another machine whose log lies in a synced folder under the server's root, will not finish
+before its session ends: its row says so.
 
 The lab extension is this checkout's build (``ipycloud/labextension/``), put first on
 ``JUPYTER_PATH``. Screenshots are kept as test artefacts (``browser.ARTIFACTS``).
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,7 @@ from waiting import wait_for
 LAUNCHER = Path(__file__).parent / "fake_gpu_jupyter.py"
 BUILT_EXTENSION = Path(__file__).parent.parent / "ipycloud" / "labextension"
 NOTEBOOK = "train model.ipynb"  # a space, as users' names have
+REMOTE_RUN = "0123456789ab"
 # About a minute of training on the CPU: 600 steps, each slowed to 0.1 s by a callback, in
 # 6 epochs with validation, checkpoints in the notebook's folder (under the server's root).
 TRAINING = """\
@@ -44,6 +48,23 @@ history = ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.01), batc
                        epochs=6, val_data=batches[:5], loss_fn=torch.nn.functional.mse_loss,
                        checkpoint="checkpoints", log_every=5, callbacks=[Slow()])
 """
+
+
+def write_remote_run(folder: Path, now: float) -> None:
+    """The log of a run on another machine: an hour of session left, a day of steps to go."""
+    start = {"t": now - 60, "kind": "start", "run": REMOTE_RUN, "pid": 42, "host": "elsewhere",
+             "kernel": None, "notebook": "remote.ipynb", "platform": "Kaggle",
+             "session_left_s": 3660.0, "device": "cuda:0", "precision": "bf16",
+             "model": "ResNet", "parameters": 11_000_000, "optimizer": "AdamW",
+             "batch_size": 64, "grad_accum": 1, "world_size": 1,
+             "versions": {"ipycloud": "0.1.0", "torch": "2.13.0"}, "step": 0, "epoch": 0,
+             "total_steps": 86_500, "epochs": 10, "max_steps": None, "folder": str(folder)}
+    step = {"t": now - 1, "kind": "step", "step": 100, "epoch": 0, "loss": 2.5, "lr": 0.001,
+            "steps_per_s": 1.0, "samples_per_s": 64.0}
+    logs = folder / ".ipycloud-runs"
+    logs.mkdir(parents=True)
+    (logs / f"{REMOTE_RUN}.jsonl").write_text("".join(json.dumps(line) + "\n"
+                                                      for line in (start, step)))
 
 
 @dataclass
@@ -72,6 +93,7 @@ def jupyter_lab(tmp_path: Path) -> Iterator[Lab]:
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                        "language": "python"}
     nbformat.write(notebook, root / NOTEBOOK)
+    write_remote_run(root / "synced" / "checkpoints", time.time())
     env = {"IPYCLOUD_TEST_BOARD": "2xA100-MIG",
            "IPYCLOUD_TEST_GPU_PROCESSES": str(tmp_path / "gpu-processes.json"),
            "JUPYTER_PATH": str(tmp_path / "jupyter-path"),
@@ -102,9 +124,15 @@ def test_a_run_shows_live_in_the_panel_and_its_charts_across_a_reload(jupyter_la
 
             page.locator("#ipycloud-status").click()
             panel = page.locator("#ipycloud-panel")
-            row = panel.locator('[data-ipycloud-run-status="running"]')
+            row = panel.locator('[data-ipycloud-run-status="running"]').filter(
+                has=page.locator(".ipycloud-Run-name", has_text=NOTEBOOK))
             row.wait_for(timeout=60_000)
-            assert row.locator(".ipycloud-Run-name").inner_text() == NOTEBOOK
+            remote = panel.locator(f'[data-ipycloud-run-id="{REMOTE_RUN}"]')
+            assert remote.get_attribute("data-ipycloud-late") == "true"
+            eta = remote.locator('[data-ipycloud-run-field="eta"]').inner_text()
+            # 86 400 steps at 1 step/s, against what is left of the hour the session had
+            assert re.fullmatch(r"ETA 24 h 00 min — session ends in (1 h 00|[1-5]?\d) min: "
+                                r"will not finish", eta), eta
             wait_for(lambda: step_of(row) > 0, 30, "the run's first logged step")
             row.locator('[data-ipycloud-action="open-run-chart"]').click()
             loss = page.locator('.ipycloud-ChartView [data-ipycloud-chart="loss"]')

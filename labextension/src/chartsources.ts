@@ -34,12 +34,10 @@ export class RunSource implements IChartSource {
   /**
    * @param runId - the run's id
    * @param _serverSettings - how to reach the Jupyter server
-   * @param _sessionLeft - the session's time left now, `null` when unknown
    */
   constructor(
     readonly runId: string,
-    private readonly _serverSettings: ServerConnection.ISettings,
-    private readonly _sessionLeft: () => number | null
+    private readonly _serverSettings: ServerConnection.ISettings
   ) {}
 
   get args(): { run: string } {
@@ -59,8 +57,7 @@ export class RunSource implements IChartSource {
     if (!run) {
       return '';
     }
-    const sessionLeft = this._sessionLeft() ?? run.session_left_s;
-    const eta = run.status === 'running' ? etaVerdict(run.eta_s, sessionLeft) : null;
+    const eta = run.status === 'running' ? etaVerdict(run.eta_s, run.session_left_s) : null;
     return [runName(run), run.status, formatProgress(run), eta?.text, formatLoss(run.last_loss)]
       .filter(Boolean)
       .join(' · ');

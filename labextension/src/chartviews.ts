@@ -8,7 +8,6 @@ import { lineFormIcon } from '@jupyterlab/ui-components';
 
 import { IChartSource, MachineSource, RunSource } from './chartsources';
 import { ChartView } from './chartview';
-import { ResourceMonitor } from './monitor';
 
 /** The command that opens a chart view: `{ run: <id> }` for a run, no argument for the machine. */
 export const OPEN_CHART = 'ipycloud:open-chart';
@@ -16,13 +15,11 @@ export const OPEN_CHART = 'ipycloud:open-chart';
 export class ChartViews {
   /**
    * @param _app - the application
-   * @param _monitor - the machine's readings, for the session's time left
    * @param _interval - seconds between two requests, at first
    * @param restorer - restores the views that were open when the page is reloaded
    */
   constructor(
     private readonly _app: JupyterFrontEnd,
-    private readonly _monitor: ResourceMonitor,
     private _interval: number,
     restorer: ILayoutRestorer | null
   ) {
@@ -60,7 +57,7 @@ export class ChartViews {
     }
     const settings = this._app.serviceManager.serverSettings;
     const source: IChartSource = run
-      ? new RunSource(run, settings, () => this._monitor.latest?.platform.session_left_s ?? null)
+      ? new RunSource(run, settings)
       : new MachineSource(settings);
     const content = new ChartView(source, this._interval);
     content.title.label = source.label;

@@ -63,8 +63,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     );
     const openPanel = () => void app.commands.execute(OPEN_PANEL);
 
-    const charts = new ChartViews(app, monitor, options.refreshInterval, restorer);
-    const runs = new RunsSection(monitor, app.serviceManager.serverSettings, run =>
+    const charts = new ChartViews(app, options.refreshInterval, restorer);
+    const runs = new RunsSection(app.serviceManager.serverSettings, run =>
       void charts.open(run.id)
     );
     const panel = new ResourcePanel(

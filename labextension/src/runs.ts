@@ -10,7 +10,6 @@ import { Poll } from '@lumino/polling';
 
 import { ApiError, requestAPI } from './api';
 import { element, setAttribute, setChildren, setText } from './dom';
-import { ResourceMonitor } from './monitor';
 import type { IRunSummary, IRuns } from './runapi';
 import {
   etaVerdict,
@@ -25,12 +24,10 @@ export class RunsSection implements IDisposable {
   readonly node: HTMLElement;
 
   /**
-   * @param _monitor - the machine's readings, for the session's time left
    * @param serverSettings - how to reach the Jupyter server
    * @param _openChart - opens the chart view of a run
    */
   constructor(
-    private readonly _monitor: ResourceMonitor,
     serverSettings: ServerConnection.ISettings,
     private readonly _openChart: (run: IRunSummary) => void
   ) {
@@ -81,11 +78,10 @@ export class RunsSection implements IDisposable {
   }
 
   private _render(runs: IRunSummary[]): void {
-    const sessionLeft = this._monitor.latest?.platform.session_left_s ?? null;
     const rows = new Map<string, RunRow>();
     for (const run of runs) {
       const row = this._rows.get(run.id) ?? new RunRow(this._openChart);
-      row.update(run, sessionLeft);
+      row.update(run);
       rows.set(run.id, row);
     }
     setChildren(this._list, [...rows.values()].map(row => row.node));
@@ -139,7 +135,7 @@ class RunRow {
     );
   }
 
-  update(run: IRunSummary, sessionLeft: number | null): void {
+  update(run: IRunSummary): void {
     this._run = run;
     const cells = this._cells;
     setAttribute(this.node, 'data-ipycloud-run-id', run.id);
@@ -152,7 +148,8 @@ class RunRow {
     const percent = progressPercent(run);
     this._bar.style.width = `${percent ?? 0}%`;
     const running = run.status === 'running';
-    const verdict = running ? etaVerdict(run.eta_s, sessionLeft ?? run.session_left_s) : null;
+    // The session of the run's own machine, which may not be the server's.
+    const verdict = running ? etaVerdict(run.eta_s, run.session_left_s) : null;
     // A run that ended says why in the ETA's place.
     setText(cells.eta, verdict?.text ?? (running ? '' : (run.reason ?? '')));
     setAttribute(this.node, 'data-ipycloud-late', verdict?.late ? 'true' : 'false');
