@@ -104,6 +104,12 @@ export class Chart {
   private _settingData = false;
 }
 
+/** The vertical axis's width in pixels: its longest label, its ticks and a gap. */
+function axisWidth(labels: readonly string[] | null): number {
+  const longest = Math.max(4, ...(labels ?? []).map(label => label.length));
+  return Math.ceil(longest * AXIS_FONT_PX * 0.62) + 16;
+}
+
 function options(
   spec: IChartSpec,
   axis: XAxis,
@@ -140,14 +146,18 @@ function options(
         label: series.label,
         stroke: colour(series.colour),
         width: series.width ?? 1.5,
-        spanGaps: true,
+        spanGaps: false,
         points: { show: series.points ?? false },
         value: (_: uPlot, value: number | null) => format(value)
       }))
     ],
     axes: [
       axisStyle,
-      { ...axisStyle, size: 60, values: (_, splits) => splits.map(value => format(value)) }
+      {
+        ...axisStyle,
+        values: (_, splits) => splits.map(value => format(value)),
+        size: (_, values) => axisWidth(values)
+      }
     ],
     cursor: { sync: { key: syncKey }, drag: { x: true, y: false, setScale: true } },
     legend: { live: true },

@@ -20,6 +20,10 @@ export const SMOOTHING = 0.8;
 /** The room above a limit drawn as a line, so the line shows under the chart's frame. */
 const HEADROOM = 1.05;
 
+/** Seconds without a reading that break the machine's lines: the history keeps one a
+ * minute beyond its last hour, so a longer silence is the server's. */
+const BREAK_S = 180;
+
 /** Series colours, as JupyterLab's theme variables, in the order series take them. */
 const PALETTE = [
   '--jp-brand-color1',
@@ -181,7 +185,22 @@ export function machineCharts(samples: readonly IReading[]): IChartContent[] {
       ]
     }
   );
-  return charts;
+  return charts.map(chart => ({ ...chart, data: withBreaks(chart.data) }));
+}
+
+/**
+ * `data` with a break (a point of no values) where its x values jump by more than
+ * BREAK_S, so a line does not cross the time the server was down.
+ */
+export function withBreaks(data: ChartData): ChartData {
+  const [xs, ...series] = data;
+  const jumps = xs.flatMap((x, i) => (i > 0 && x - xs[i - 1] > BREAK_S ? [i] : []));
+  if (!jumps.length) {
+    return data;
+  }
+  const split = <T>(values: readonly T[], gap: (i: number) => T): T[] =>
+    values.flatMap((value, i) => (jumps.includes(i) ? [gap(i), value] : [value]));
+  return [split(xs, i => xs[i - 1] + 1), ...series.map(values => split(values, () => null))];
 }
 
 /** `512 B/s`, `3.4 KiB/s`, `12.0 MiB/s`: traffic spans more units than memory does. */

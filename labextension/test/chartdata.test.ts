@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import type { IReading } from '../src/api';
-import { formatTraffic, machineCharts, runCharts, smooth } from '../src/chartdata';
+import { formatTraffic, machineCharts, runCharts, smooth, withBreaks } from '../src/chartdata';
 import type { IRunRecord } from '../src/runapi';
 
 const step = (t: number, step: number, loss: number | null, lr = 0.1): IRunRecord => ({
@@ -85,4 +85,13 @@ test('network traffic is in bytes, KiB or MiB per second', () => {
   assert.equal(formatTraffic(512), '512 B/s');
   assert.equal(formatTraffic(3.5 * 1024), '3.5 KiB/s');
   assert.equal(formatTraffic(12 * 1024 ** 2), '12.0 MiB/s');
+});
+
+test('a line breaks where the readings stop for more than three minutes', () => {
+  assert.deepEqual(withBreaks([[0, 60, 300, 301], [1, 2, 3, 4]]), [
+    [0, 60, 61, 300, 301],
+    [1, 2, null, 3, 4]
+  ]);
+  const steady: [number[], number[]] = [[0, 60, 120], [1, 2, 3]];
+  assert.deepEqual(withBreaks(steady), steady);
 });
