@@ -220,7 +220,7 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait(20)
-    medians = {name: {metric: statistics.median(window.get(metric, 0) for window in each)
+    medians = {name: {metric: round(statistics.median(window.get(metric, 0) for window in each), 1)
                       for metric in ("ScriptDuration", "TaskDuration", "history_requests",
                                      "nvdashboard_messages")}
                for name, each in windows.items()}
