@@ -59,6 +59,9 @@ export interface IReading {
     kernels_rss: number | null;
   };
   disks: IDiskReading[];
+  /** Bytes per second since the previous reading; `null` where unknown, absent from an
+   * older server. */
+  network?: { received_per_s: number | null; sent_per_s: number | null };
 }
 
 export interface IHistory {

@@ -41,6 +41,15 @@ export function setText(node: Element, text: string): void {
   }
 }
 
+/** Make `nodes` the children of `parent`, in order, touching the DOM only when they differ
+ * (rows updated in place keep their focus and an ongoing click). */
+export function setChildren(parent: Element, nodes: readonly Element[]): void {
+  const shown = parent.children;
+  if (nodes.length !== shown.length || nodes.some((node, i) => node !== shown[i])) {
+    parent.replaceChildren(...nodes);
+  }
+}
+
 /** Set an attribute only when it changed. */
 export function setAttribute(node: Element, name: string, value: string): void {
   if (node.getAttribute(name) !== value) {

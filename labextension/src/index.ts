@@ -20,10 +20,12 @@ import { Widget } from '@lumino/widgets';
 
 import { Alerts } from './alerts';
 import { IKernel } from './api';
+import { ChartViews, OPEN_CHART } from './chartviews';
 import { gaugeIcon } from './icon';
 import { kernelName } from './kernels';
 import { ResourceMonitor } from './monitor';
 import { PANEL_ID, ResourcePanel } from './panel';
+import { RunsSection } from './runs';
 import { DEFAULT_OPTIONS, IOptions, readOptions } from './settings';
 import { StatusItem } from './statusitem';
 
@@ -61,8 +63,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     );
     const openPanel = () => void app.commands.execute(OPEN_PANEL);
 
-    const panel = new ResourcePanel(monitor, options, kernel =>
-      void shutDown(app, kernel).then(() => monitor.refreshKernels())
+    const charts = new ChartViews(app, options.refreshInterval, restorer);
+    const runs = new RunsSection(app.serviceManager.serverSettings, run =>
+      void charts.open(run.id)
+    );
+    const panel = new ResourcePanel(
+      monitor,
+      options,
+      kernel => void shutDown(app, kernel).then(() => monitor.refreshKernels()),
+      runs,
+      () => void charts.open(null)
     );
     panel.title.icon = gaugeIcon;
     app.shell.add(panel, 'right', { rank: 900 });
@@ -75,6 +85,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       execute: () => app.shell.activateById(PANEL_ID)
     });
     palette?.addItem({ command: OPEN_PANEL, category: 'ipycloud' });
+    palette?.addItem({ command: OPEN_CHART, category: 'ipycloud' });
 
     const item = new StatusItem(monitor, options, openPanel);
     item.id = 'ipycloud-status';
@@ -106,6 +117,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const apply = (next: IOptions) => {
       options = next;
       monitor.interval = options.refreshInterval;
+      runs.interval = options.refreshInterval;
+      charts.interval = options.refreshInterval;
       monitor.watch('events', 'notifications', options.notifications);
       item.options = options;
       panel.options = options;

@@ -5,7 +5,7 @@
 import { stopIcon } from '@jupyterlab/ui-components';
 
 import { IKernel, IKernels } from './api';
-import { element, setAttribute, setText } from './dom';
+import { element, setAttribute, setChildren, setText } from './dom';
 import { formatBytes, formatPercent } from './format';
 
 export class KernelsTable {
@@ -35,11 +35,7 @@ export class KernelsTable {
       row.update(kernel);
       rows.set(kernel.id, row);
     }
-    const order = [...rows.values()].map(row => row.node);
-    const shown = Array.from(this._body.children);
-    if (order.length !== shown.length || order.some((node, i) => node !== shown[i])) {
-      this._body.replaceChildren(...order);
-    }
+    setChildren(this._body, [...rows.values()].map(row => row.node));
     this._rows = rows;
     setText(
       this._note,

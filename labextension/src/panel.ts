@@ -2,6 +2,7 @@
  * The side panel: platform and session time, a card per GPU, CPU, RAM and disks with the
  * hour's sparklines, the kernels table and the latest kernel deaths.
  */
+import { lineFormIcon } from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
@@ -12,6 +13,7 @@ import { GpuCard } from './gpucard';
 import { KernelsTable } from './kernels';
 import { MachineRows } from './machine';
 import { ResourceMonitor } from './monitor';
+import { RunsSection } from './runs';
 import { IOptions } from './settings';
 
 export const PANEL_ID = 'ipycloud-panel';
@@ -21,23 +23,38 @@ export class ResourcePanel extends Widget {
    * @param monitor - where the figures come from
    * @param options - the current settings
    * @param shutDown - asks about and shuts down a kernel
+   * @param _runs - the runs of fit, followed while the panel is shown
+   * @param openMachineChart - opens the machine's chart view
    */
   constructor(
     private readonly _monitor: ResourceMonitor,
     private _options: IOptions,
-    shutDown: (kernel: IKernel) => void
+    shutDown: (kernel: IKernel) => void,
+    private readonly _runs: RunsSection,
+    openMachineChart: () => void
   ) {
     super();
     this.id = PANEL_ID;
     this.addClass('ipycloud-Panel');
     this.title.caption = 'ipycloud: GPU, CPU, RAM and kernels';
     this._kernels = new KernelsTable(shutDown);
+    const charts = element(
+      'button',
+      {
+        class: 'jp-Button jp-mod-styled ipycloud-Panel-charts',
+        'data-ipycloud-action': 'open-machine-chart'
+      },
+      lineFormIcon.element({ tag: 'span' }),
+      'Charts'
+    );
+    charts.addEventListener('click', openMachineChart);
     this.node.append(
       element('h2', { class: 'ipycloud-Panel-title' }, 'Resources'),
       this._platform,
       this._message,
       this._section('GPUs', 'gpus', this._gpuProblem, this._gpus),
-      this._section('CPU and RAM', 'machine', ...this._machine.nodes),
+      this._section('Runs', 'runs', _runs.node),
+      this._section('CPU and RAM', 'machine', ...this._machine.nodes, charts),
       this._section('Disks', 'disks', this._disks),
       this._section('Kernels', 'kernels', this._kernels.node),
       this._section('Kernel deaths', 'events', this._events)
@@ -55,6 +72,7 @@ export class ResourcePanel extends Widget {
     super.onAfterShow(msg);
     this._monitor.watch('kernels', 'panel', true);
     this._monitor.watch('events', 'panel', true);
+    this._runs.watch(true);
     this.update();
   }
 
@@ -62,6 +80,7 @@ export class ResourcePanel extends Widget {
     super.onAfterHide(msg);
     this._monitor.watch('kernels', 'panel', false);
     this._monitor.watch('events', 'panel', false);
+    this._runs.watch(false);
   }
 
   protected override onUpdateRequest(msg: Message): void {
