@@ -34,7 +34,7 @@ EXPECTED_OUTPUT = {
     "06-jupyterlab.ipynb": ["enabled OK (python, ipycloud)", "ipycloud.server enabled",
                             "refreshInterval (default 2, 1 to 60)",
                             "No Jupyter server runs this kernel", "platform: Local machine",
-                            "06-jupyterlab.ipynb: busy, 1 process(es), RAM ",
+                            "06-jupyterlab.ipynb: busy, 1 process, RAM ",
                             "the kernel of train.ipynb was killed by signal 9 (SIGKILL)"],
     "07-colab-workflow.ipynb": ["colab-workflow (local, kept after the session)",
                                 "extracted 1 file into ", "2048 rows: 28 training batches",

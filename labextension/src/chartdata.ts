@@ -15,7 +15,7 @@ export interface IChartContent {
 }
 
 /** The weight of the past in the smoothed loss (an exponential moving average). */
-export const SMOOTHING = 0.8;
+export const SMOOTHING = 0.9; // as the notebook's curves (TensorBoard's debiased average)
 
 /** The room above a limit drawn as a line, so the line shows under the chart's frame. */
 const HEADROOM = 1.05;

@@ -121,7 +121,10 @@ export function kernelName(kernel: IKernel): string {
 function kernelTitle(kernel: IKernel): string {
   const what = [kernel.type, kernel.name].filter(Boolean).join(' ') || 'kernel';
   const pid = kernel.pid === null ? 'no local process' : `PID ${kernel.pid}`;
-  const processes = kernel.processes === null ? '' : `, ${kernel.processes} process(es)`;
+  const processes =
+    kernel.processes === null
+      ? ''
+      : `, ${kernel.processes} ${kernel.processes === 1 ? 'process' : 'processes'}`;
   return `${what}, ${pid}${processes}`;
 }
 

@@ -5,7 +5,7 @@
  * page's token where its address has one (the Jupyter server also takes its login cookie).
  */
 import type { IHistory, IReading } from '../api';
-import type { IRunDetail, IRunList } from './runapi';
+import type { IRunAnswer, IRuns } from '../runapi';
 
 /** How long a request may take before the kernel counts as not answering. */
 const TIMEOUT_MS = 10_000;
@@ -41,13 +41,13 @@ export class KernelClient {
   }
 
   /** The runs the server knows of, newest first. */
-  runs(): Promise<IRunList> {
-    return this._get<IRunList>('runs', {});
+  runs(): Promise<IRuns> {
+    return this._get<IRuns>('runs', {});
   }
 
   /** One run, with its records written after `since` (the run record's clock). */
-  run(id: string, since: number): Promise<IRunDetail> {
-    return this._get<IRunDetail>(`runs/${encodeURIComponent(id)}`, { since: String(since) });
+  run(id: string, since: number): Promise<IRunAnswer> {
+    return this._get<IRunAnswer>(`runs/${encodeURIComponent(id)}`, { since: String(since) });
   }
 
   private async _get<T>(route: string, query: Record<string, string>): Promise<T> {

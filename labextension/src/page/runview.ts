@@ -7,27 +7,11 @@
 import uPlot from 'uplot';
 import { element, setAttribute, setText } from '../dom';
 import { formatDuration } from '../format';
+import { SMOOTHING, smooth } from '../chartdata';
 import type { IEpochRow, RunFollower } from './runs';
-
-/** Weight of the past in the smoothed loss (an exponential moving average, debiased). */
-export const SMOOTHING = 0.9;
 
 const CHART_HEIGHT = 160;
 const COLORS = ['#1976d2', '#e65100', '#388e3c', '#8e24aa', '#00838f', '#6d4c41'];
-
-/** `values` smoothed, each point the debiased moving average of those up to it. */
-export function smoothed(values: readonly (number | null)[], weight = SMOOTHING): (number | null)[] {
-  let average = 0;
-  let seen = 0;
-  return values.map(value => {
-    if (value === null) {
-      return null;
-    }
-    average = weight * average + (1 - weight) * value;
-    seen += 1;
-    return average / (1 - weight ** seen);
-  });
-}
 
 export class RunSection {
   readonly node = element('section', { class: 'ipycloud-Card ipycloud-Run', hidden: '' });
@@ -93,7 +77,7 @@ export class RunSection {
     const validationLoss = atSteps(x, runs.epochs, 'val_loss');
     this._chart('loss', 'step', x, [
       ['loss', loss, COLORS[0], 1],
-      ['smoothed', smoothed(loss), COLORS[1], 2],
+      ['smoothed', smooth(loss, SMOOTHING), COLORS[1], 2],
       ...(validationLoss.some(value => value !== null)
         ? ([['val_loss', validationLoss, COLORS[2], 0]] as Series[])
         : [])
