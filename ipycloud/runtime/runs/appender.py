@@ -1,12 +1,13 @@
 """Lines appended to a file by a thread of their own, so that storage never holds up training.
 
-``append`` only queues the line (microseconds; safe from a signal handler); the thread
-writes what is queued at once, in one ``os.write`` on a descriptor opened with O_APPEND,
-so a process killed outright loses at most the lines of its last instants. Where the
-file cannot be written (a Drive mount gone, a full or read-only disk) the lines wait in
-memory (beyond MAX_WAITING of them, lines marked droppable are dropped), and the
-thread tries again every RETRY_S seconds, reopening the file. ``failure`` says what went
-wrong, for the caller to tell once.
+``append`` only queues the line (microseconds; safe from a signal handler, and it wakes
+no thread); every WRITE_EVERY_S the thread writes what is queued in one ``os.write`` on a
+descriptor opened with O_APPEND, so a process killed outright loses at most the lines of
+its last quarter second, and training shares the interpreter with the thread only that
+often. ``flush`` writes at once. Where the file cannot be written (a Drive mount gone, a
+full or read-only disk) the lines wait in memory (beyond MAX_WAITING of them, lines
+marked droppable are dropped), and the thread tries again every RETRY_S seconds,
+reopening the file. ``failure`` says what went wrong, for the caller to tell once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from ipycloud.runtime.durable import make_folder, mount_point
 
+WRITE_EVERY_S = 0.25  # between writes of what is queued
 MAX_WAITING = 100_000  # lines kept while the file cannot be written
 RETRY_S = 5.0  # between tries at a file that fails
 CHUNK_LINES = 1024  # lines written in one os.write at most
@@ -47,6 +49,7 @@ class Appender:
         self._offset = 0  # bytes of the first waiting line already written
         self._fd: int | None = None
         self._mount: Path | None = None  # of the file's file system, as first seen
+        self._wake = threading.Event()  # write now
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         _OPEN.add(self)
@@ -69,6 +72,7 @@ class Appender:
         """Wait up to ``timeout`` seconds for what is queued to be written; whether it is.
         Returns at once while the file fails."""
         wanted = self._queued
+        self._wake.set()
         deadline = time.monotonic() + timeout
         while self._done < wanted and self.failure is None and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -78,6 +82,7 @@ class Appender:
         """Stop once the lines queued are written (the thread goes on trying while the
         file fails, until the process exits)."""
         self._queue.put(None)
+        self._wake.set()
         _OPEN.discard(self)
 
     # -- the thread ----------------------------------------------------------------------
@@ -85,28 +90,30 @@ class Appender:
     def _run(self) -> None:
         closing = False
         while not (closing and not self._waiting):
-            timeout = RETRY_S if self._waiting else None
-            try:
-                item = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                item = None if closing else b""  # time to try again
-            while True:
-                if item is None:
-                    closing = True
-                elif isinstance(item, bytes):
-                    if item:
-                        self._waiting.append(item)
-                else:
-                    self._write()
-                    with contextlib.suppress(Exception):
-                        item()
-                    self._done += 1
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            self._wake.wait(WRITE_EVERY_S if self.failure is None else RETRY_S)
+            self._wake.clear()
+            closing = self._take() or closing
             self._write()
         self._close_file()
+
+    def _take(self) -> bool:
+        """Move the queued lines to the waiting ones, running the tasks in their turn;
+        whether ``close`` was asked."""
+        closing = False
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return closing
+            if item is None:
+                closing = True
+            elif isinstance(item, bytes):
+                self._waiting.append(item)
+            else:
+                self._write()
+                with contextlib.suppress(Exception):
+                    item()
+                self._done += 1
 
     def _write(self) -> None:
         """Write the waiting lines; on failure keep them, and note it."""
