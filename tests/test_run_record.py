@@ -235,3 +235,16 @@ def test_a_script_outside_jupyter_is_named_as_the_notebook(
 
     run = ended(tmp_path)
     assert (run.start["kernel"], run.start["notebook"]) == (None, "train.py")
+
+
+def test_a_relative_folder_is_recorded_as_an_absolute_one(
+        tmp_path: Path, state_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    train("runs/exp 1", epochs=1)
+
+    run = ended(Path("runs/exp 1"))
+    assert run.start["folder"] == str(tmp_path / "runs" / "exp 1")
+    assert run.log == tmp_path / "runs" / "exp 1" / RECORD_FOLDER / f"{run.id}.jsonl"
+    entry = json.loads((state_home / "runs" / "index" / f"{run.id}.json").read_text())
+    monkeypatch.chdir(state_home)  # as a server started elsewhere reads the index
+    assert entry["log"] == str(run.log) and [found.id for found in ipycloud.runs()] == [run.id]

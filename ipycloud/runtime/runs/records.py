@@ -63,8 +63,9 @@ def log_path(folder: Path | None, run: str) -> Path:
 
 
 def logs_in(folder: Path) -> list[Path]:
-    """The run logs of a checkpoint folder (or of a folder of logs), unsorted; raises the
-    OSError of a folder that cannot be read."""
+    """The run logs of a checkpoint folder (or of a folder of logs), as absolute paths,
+    unsorted; raises the OSError of a folder that cannot be read."""
+    folder = Path(os.path.abspath(folder))
     inner = folder / RECORD_FOLDER
     where = inner if inner.is_dir() else folder
     return [path for path in where.iterdir()
