@@ -143,7 +143,8 @@ def test_a_run_reads_as_running_while_its_process_trains(
 
     class Look:
         def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
-            log = next((tmp_path / RECORD_FOLDER).glob("*.jsonl"))
+            log = wait_for(lambda: next((tmp_path / RECORD_FOLDER).glob("*.jsonl"), None),
+                           what="the run's log")
             wait_for(lambda: read_records(log)[-1]["kind"] == "epoch", what="the epoch")
             seen.extend(ipycloud.runs(tmp_path))
 
