@@ -186,6 +186,7 @@ class _Trainer:
         self._moves_batches = not self.xla and self.device.type != "cpu"
         self._skipped_in_a_row = 0  # fp16 steps skipped by the scaler
         self._reported_checkpoint: str | None = None  # the last one told to callbacks
+        self._unreported = False  # whether a save may be written and not told of yet
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of the last save
         self._last_save = time.monotonic()
         self._interrupt: DeferredInterrupt | None = None
@@ -461,6 +462,7 @@ class _Trainer:
         self.history.steps.append(row)
         bar.advance(len(window), loss=mean, lr=row["lr"])
         self.followers.tell("stepped", {**row, **self._pace()})
+        self._report_written_save()
         return row
 
     def _pace(self) -> dict[str, float | None]:
@@ -639,8 +641,16 @@ class _Trainer:
                             rng_states=rng_states)
             if blocking is True:
                 self._report_checkpoint(self.saver.wait())
+            self._unreported = blocking is not True
         finally:
             self._phase = phase
+
+    def _report_written_save(self) -> None:
+        """Tell of a save written in the background since, without waiting for one still
+        being written (the next save would tell of it, minutes later)."""
+        if self._unreported and self.saver is not None and not self.manager.writing:
+            self._unreported = False
+            self._report_checkpoint(self.saver.wait())
 
     def _save_last(self, manager: Any, bar: Progress,
                    rng_states: dict[str, Any] | None = None,
