@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import signal
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +23,7 @@ from waiting import wait_for
 
 import ipycloud
 from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.runs import RunRecordWarning, RunSummary, appender, read_run
 from ipycloud.runtime.runs.records import RECORD_FOLDER, read_records
 from ipycloud.runtime.train.loop import fit
@@ -262,3 +264,34 @@ def test_a_checkpoint_written_in_the_background_is_recorded_before_the_next_save
     kinds = [(line["kind"], line.get("step")) for line in lines
              if line["kind"] in ("step", "checkpoint")]
     assert kinds.index(("checkpoint", 8)) == kinds.index(("step", 13)) + 1
+
+
+RUN_ID_OF_ANOTHER_PROCESS = """
+import sys
+from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.per_process import reset_process_state
+print(CheckpointManager(sys.argv[1]).run_id())
+"""
+
+
+def another_process_run_id(folder: Path) -> str:
+    return subprocess.run([sys.executable, "-c", RUN_ID_OF_ANOTHER_PROCESS, str(folder)],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_run_is_claimed_as_it_starts_so_another_process_takes_a_run_of_its_own(
+        tmp_path: Path) -> None:
+    train(tmp_path, epochs=1)
+    first = ended(tmp_path)
+    for lease in tmp_path.glob(".ipycloud-run-*.json"):  # as though its process were gone
+        lease.unlink()
+    reset_process_state()
+    seen: list[str] = []
+    # the rerun goes on with the run; before its first save, another process looks
+    train(tmp_path, epochs=2, callbacks=[At({9: lambda: seen.append(
+        another_process_run_id(tmp_path))})])
+
+    [run] = ipycloud.runs(tmp_path)
+    assert run.id == first.id and [line["step"] for line in read_records(run.log)
+                                   if line["kind"] == "start"] == [0, STEPS_PER_EPOCH]
+    assert seen and seen[0] != run.id
