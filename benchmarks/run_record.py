@@ -99,7 +99,8 @@ def recorded_fit(case: Case) -> dict[str, Any]:
     def record(start: Any) -> Timed:
         run = start.run or new_run_id()
         made.append(Timed(RunRecorder(run, start.folder,
-                                      CountedAppender(records.log_path(start.folder, run)))))
+                                      CountedAppender(records.log_path(start.folder, run),
+                                                      records.encode))))
         return made[-1]
 
     loop.record_run = record  # type: ignore[assignment]

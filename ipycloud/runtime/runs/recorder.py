@@ -36,7 +36,7 @@ def record_run(start: Any) -> RunRecorder | None:
         return None
     run = start.run or new_run_id()
     folder = None if start.folder is None else Path(os.path.abspath(start.folder))
-    return RunRecorder(run, folder, Appender(records.log_path(folder, run)))
+    return RunRecorder(run, folder, Appender(records.log_path(folder, run), records.encode))
 
 
 class RunRecorder:
@@ -79,7 +79,7 @@ class RunRecorder:
     def _write(self, kind: str, fields: dict[str, Any],
                droppable: bool = False) -> dict[str, Any]:
         line = {"t": round(time.time(), 3), "kind": kind, **fields}
-        self.appender.append(records.encode(line), droppable)
+        self.appender.append(line, droppable)
         if self.appender.failure is not None and not self._warned:
             self._tell_failure()
         return line
