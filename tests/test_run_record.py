@@ -256,14 +256,16 @@ def test_a_relative_folder_is_recorded_as_an_absolute_one(
 def test_a_checkpoint_written_in_the_background_is_recorded_before_the_next_save(
         tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path, keep_best=("val_loss", "min"), background="thread")
-    # each epoch's end saves in the background; by step 12 the save of step 8 is written
+    # each epoch's end saves in the background; by step 12 the save of step 8 is written,
+    # and the next save is at step 16
     train(manager, val_data=data(), log_every=1, checkpoint_every="1h",
           callbacks=[At({12: lambda: wait_for(lambda: not manager.writing, what="the save")})])
 
     lines = read_records(ended(tmp_path).log)
     kinds = [(line["kind"], line.get("step")) for line in lines
              if line["kind"] in ("step", "checkpoint")]
-    assert kinds.index(("checkpoint", 8)) == kinds.index(("step", 13)) + 1
+    # told at the first row after it is written (at step 13 at the latest), not at step 16
+    assert kinds.index(("step", 9)) <= kinds.index(("checkpoint", 8)) <= kinds.index(("step", 14))
 
 
 RUN_ID_OF_ANOTHER_PROCESS = """
