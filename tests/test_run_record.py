@@ -246,7 +246,7 @@ def test_a_relative_folder_is_recorded_as_an_absolute_one(
     train("runs/exp 1", epochs=1)
 
     run = ended(Path("runs/exp 1"))
-    assert run.start["folder"] == str(tmp_path / "runs" / "exp 1")
+    assert run.start["folder"] == run.checkpoints[-1]["folder"] == str(tmp_path / "runs" / "exp 1")
     assert run.log == tmp_path / "runs" / "exp 1" / RECORD_FOLDER / f"{run.id}.jsonl"
     entry = json.loads((state_home / "runs" / "index" / f"{run.id}.json").read_text())
     monkeypatch.chdir(state_home)  # as a server started elsewhere reads the index

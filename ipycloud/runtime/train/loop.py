@@ -10,6 +10,7 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -695,7 +696,7 @@ class _Trainer:
             return  # not one this call wrote
         self.followers.tell("checkpointed", {"name": info.name, "step": info.step,
                                              "epoch": info.epoch,
-                                             "folder": str(info.directory)})
+                                             "folder": os.path.abspath(info.directory)})
 
     def _run_start(self, manager: Any) -> RunStart:
         plan = self.plan
