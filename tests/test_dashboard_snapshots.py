@@ -55,7 +55,7 @@ def test_stopping_the_page_leaves_only_the_snapshot(tmp_path: Path) -> None:
     assert "<iframe" not in html
     snapshot = SNAPSHOT.fullmatch(html)
     assert snapshot and snapshot["note"] == "the live page ended"
-    assert "1 run(s) in this kernel" in snapshot["body"]
+    assert "1 run in this kernel" in snapshot["body"]
     assert re.search(r"<td>a1b2c3d4e5f6</td><td>running</td><td>train\.ipynb</td><td>4/100</td>",
                      snapshot["body"])
     assert "<td>CPU</td>" in snapshot["body"]

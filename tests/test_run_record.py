@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import signal
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +23,7 @@ from waiting import wait_for
 
 import ipycloud
 from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.runs import RunRecordWarning, RunSummary, appender, read_run
 from ipycloud.runtime.runs.records import RECORD_FOLDER, read_records
 from ipycloud.runtime.train.loop import fit
@@ -143,7 +145,8 @@ def test_a_run_reads_as_running_while_its_process_trains(
 
     class Look:
         def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
-            log = next((tmp_path / RECORD_FOLDER).glob("*.jsonl"))
+            log = wait_for(lambda: next((tmp_path / RECORD_FOLDER).glob("*.jsonl"), None),
+                           what="the run's log")
             wait_for(lambda: read_records(log)[-1]["kind"] == "epoch", what="the epoch")
             seen.extend(ipycloud.runs(tmp_path))
 
@@ -235,3 +238,62 @@ def test_a_script_outside_jupyter_is_named_as_the_notebook(
 
     run = ended(tmp_path)
     assert (run.start["kernel"], run.start["notebook"]) == (None, "train.py")
+
+
+def test_a_relative_folder_is_recorded_as_an_absolute_one(
+        tmp_path: Path, state_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    train("runs/exp 1", epochs=1)
+
+    run = ended(Path("runs/exp 1"))
+    assert run.start["folder"] == run.checkpoints[-1]["folder"] == str(tmp_path / "runs" / "exp 1")
+    assert run.log == tmp_path / "runs" / "exp 1" / RECORD_FOLDER / f"{run.id}.jsonl"
+    entry = json.loads((state_home / "runs" / "index" / f"{run.id}.json").read_text())
+    monkeypatch.chdir(state_home)  # as a server started elsewhere reads the index
+    assert entry["log"] == str(run.log) and [found.id for found in ipycloud.runs()] == [run.id]
+
+
+def test_a_checkpoint_written_in_the_background_is_recorded_before_the_next_save(
+        tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, keep_best=("val_loss", "min"), background="thread")
+    # each epoch's end saves in the background; by step 12 the save of step 8 is written,
+    # and the next save is at step 16
+    train(manager, val_data=data(), log_every=1, checkpoint_every="1h",
+          callbacks=[At({12: lambda: wait_for(lambda: not manager.writing, what="the save")})])
+
+    lines = read_records(ended(tmp_path).log)
+    kinds = [(line["kind"], line.get("step")) for line in lines
+             if line["kind"] in ("step", "checkpoint")]
+    # told at the first row after it is written (at step 13 at the latest), not at step 16
+    assert kinds.index(("step", 9)) <= kinds.index(("checkpoint", 8)) <= kinds.index(("step", 14))
+
+
+RUN_ID_OF_ANOTHER_PROCESS = """
+import sys
+from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.per_process import reset_process_state
+print(CheckpointManager(sys.argv[1]).run_id())
+"""
+
+
+def another_process_run_id(folder: Path) -> str:
+    return subprocess.run([sys.executable, "-c", RUN_ID_OF_ANOTHER_PROCESS, str(folder)],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_run_is_claimed_as_it_starts_so_another_process_takes_a_run_of_its_own(
+        tmp_path: Path) -> None:
+    train(tmp_path, epochs=1)
+    first = ended(tmp_path)
+    for lease in tmp_path.glob(".ipycloud-run-*.json"):  # as though its process were gone
+        lease.unlink()
+    reset_process_state()
+    seen: list[str] = []
+    # the rerun goes on with the run; before its first save, another process looks
+    train(tmp_path, epochs=2, callbacks=[At({9: lambda: seen.append(
+        another_process_run_id(tmp_path))})])
+
+    [run] = ipycloud.runs(tmp_path)
+    assert run.id == first.id and [line["step"] for line in read_records(run.log)
+                                   if line["kind"] == "start"] == [0, STEPS_PER_EPOCH]
+    assert seen and seen[0] != run.id

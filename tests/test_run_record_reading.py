@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,26 @@ def test_a_damaged_line_in_the_middle_is_skipped_with_a_warning(
     with pytest.warns(RunRecordWarning, match="line 3 is not a record; skipped"):
         [run] = runs(tmp_path)
     assert (run.status, [row["step"] for row in run.steps]) == ("finished", [2, 4])
+
+
+def test_a_log_read_again_gives_what_was_appended_and_a_rewritten_one_afresh(
+        tmp_path: Path) -> None:
+    log = write_log(tmp_path, [start(), step(2, T0 + 1)], tail=b'{"t": 1700000002.0, "ki')
+    with pytest.warns(RunRecordWarning, match="cut short"):
+        assert [row["step"] for row in read_run(log)[0].steps] == [2]
+
+    with open(log, "ab") as file:  # the writer finishes its line, and writes another
+        file.write(b'nd": "step", "step": 4}\n' + json.dumps(step(6, T0 + 3)).encode() + b"\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [row["step"] for row in read_run(log)[0].steps] == [2, 4, 6]
+
+    write_log(tmp_path, [start(), step(8, T0 + 1)])  # the same file, rewritten shorter
+    assert [row["step"] for row in read_run(log)[0].steps] == [8]
+    other = write_log(tmp_path / "elsewhere", [start(), *(
+        step(number, T0 + number) for number in range(10, 20))])
+    os.replace(other, log)  # another file in its place, longer
+    assert [row["step"] for row in read_run(log)[0].steps] == list(range(10, 20))
 
 
 @pytest.mark.parametrize("status", ["finished", "failed", "paused", "stopped early"])
@@ -166,7 +187,7 @@ def test_the_cli_shows_the_runs_as_a_table_and_as_json(
 
     assert main(["runs", str(folder)]) == 0
     title, header, row = capsys.readouterr().out.splitlines()
-    assert title == f"1 run(s) in {folder}"
+    assert title == f"1 run in {folder}"
     assert header.split() == ["run", "status", "notebook", "step", "epoch", "loss", "steps/s",
                               "eta", "best", "events", "updated"]
     assert row.startswith(f"{RUN}  stopped early  train.ipynb  20/40  1/2    0.05  2   ")

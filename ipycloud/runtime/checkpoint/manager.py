@@ -217,12 +217,13 @@ class CheckpointManager:
 
     def run_id(self) -> str:
         """The run this process writes in the folder (``CheckpointInfo.run`` of its
-        checkpoints), decided now if it has not saved or loaded here yet: the run it
-        loaded from, else the newest run whose writer is gone, else a new one.
-        CheckpointStorageError when the folder cannot be read."""
+        checkpoints), claimed now as a first save claims it (the folder made, this
+        process's lease written) if it has not saved here yet: the run it loaded from,
+        else the newest run whose writer is gone, else a new one.
+        CheckpointStorageError when the folder fails."""
+        self._make_folder()
         with self._storage(f"cannot read the folder {self.directory}"):
-            infos = catalog.read_catalog(self.directory)[0] if self.directory.is_dir() else []
-            return runs.decide(self.directory, infos)
+            return self._claim_run()
 
     def _stage(self, payload: dict[str, Any],
                in_host_memory: bool) -> tuple[dict[str, Any], WriteData]:

@@ -150,11 +150,15 @@ def claim(folder: Path, infos: Sequence[CheckpointInfo], *, stacklevel: int = 2)
     allows: a folder that refuses it still gets the run), and it is warned if another
     live process writes into the folder too.
     """
-    found = _claims().get(os.path.realpath(folder))
+    key = os.path.realpath(folder)
+    found = _claims().get(key)
     if found is not None and found.leased:
         return found.run
     others = live_elsewhere(folder)
-    found = _decide(folder, infos, others)
+    if found is None:
+        run = next((info.run for info in reversed(infos)
+                    if info.run is not None and info.run not in others), None)
+        found = _claims().setdefault(key, _Claim(run or new_run_id()))  # first thread wins
     with contextlib.suppress(OSError):
         lease = folder / f"{LEASE_PREFIX}{found.run}{LEASE_SUFFIX}"
         write_bytes_atomically(lease, json.dumps(asdict(this_process(found.run))).encode())
@@ -166,28 +170,6 @@ def claim(folder: Path, infos: Sequence[CheckpointInfo], *, stacklevel: int = 2)
                       "other's, and 'latest' here means this process's newest; give each "
                       "notebook a folder of its own", CheckpointWarning, stacklevel=stacklevel)
     return found.run
-
-
-def decide(folder: Path, infos: Sequence[CheckpointInfo]) -> str:
-    """The run this process writes, or will write at its first save, in ``folder``
-    (``infos``: its checkpoints, oldest first), decided now if it was not: as ``claim``
-    decides, but without writing the lease."""
-    found = _claims().get(os.path.realpath(folder))
-    return found.run if found is not None else _decide(folder, infos,
-                                                        live_elsewhere(folder)).run
-
-
-def _decide(folder: Path, infos: Sequence[CheckpointInfo],
-            others: dict[str, Writer]) -> _Claim:
-    """This process's claim in ``folder``: the one it has, else one on the newest run of
-    ``infos`` that none of ``others`` writes, else on a new run."""
-    found = _claims().get(os.path.realpath(folder))
-    if found is not None:
-        return found
-    run = next((info.run for info in reversed(infos)
-                if info.run is not None and info.run not in others), None)
-    return _claims().setdefault(os.path.realpath(folder),  # the first thread wins
-                                _Claim(run or new_run_id()))
 
 
 def adopt(folder: Path, run: str | None) -> None:

@@ -1,12 +1,15 @@
 """Lines appended to a file by a thread of their own, so that storage never holds up training.
 
-``append`` only queues the line (microseconds; safe from a signal handler); the thread
-writes what is queued at once, in one ``os.write`` on a descriptor opened with O_APPEND,
-so a process killed outright loses at most the lines of its last instants. Where the
-file cannot be written (a Drive mount gone, a full or read-only disk) the lines wait in
-memory (beyond MAX_WAITING of them, lines marked droppable are dropped), and the
-thread tries again every RETRY_S seconds, reopening the file. ``failure`` says what went
-wrong, for the caller to tell once.
+``append`` only queues a record (microseconds; safe from a signal handler, and it wakes
+no thread); every WRITE_EVERY_S the thread turns what is queued into lines (``encode``:
+done there, many at a time, rather than on the training thread between two steps) and
+writes them in one ``os.write`` on a descriptor opened with O_APPEND, so a process killed
+outright loses at most the lines of its last quarter second, and training shares the
+interpreter with the thread only that often. ``flush`` writes at once. Where the file
+cannot be written (a Drive mount gone, a full or read-only disk) the lines wait in memory
+(beyond MAX_WAITING of them, records marked droppable are dropped), and the thread tries
+again every RETRY_S seconds, reopening the file. ``failure`` says what went wrong, for the
+caller to tell once.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ipycloud.runtime.durable import make_folder, mount_point
 
+WRITE_EVERY_S = 0.25  # between writes of what is queued
 MAX_WAITING = 100_000  # lines kept while the file cannot be written
 RETRY_S = 5.0  # between tries at a file that fails
 CHUNK_LINES = 1024  # lines written in one os.write at most
@@ -36,29 +41,34 @@ Task = Callable[[], object]  # run on the thread, in order with the lines (error
 class Appender:
     """Appends lines to ``path`` (its folder made where missing) from a daemon thread."""
 
-    def __init__(self, path: Path, name: str = "ipycloud-run-record") -> None:
+    def __init__(self, path: Path, encode: Callable[[Any], bytes],
+                 name: str = "ipycloud-run-record") -> None:
         self.path = path
+        self._encode = encode  # a record to its line, ending in a newline
         self.failure: OSError | None = None  # the first failure, until a write succeeds
-        self.dropped = 0  # lines dropped while the file failed
-        self._queue: queue.SimpleQueue[bytes | Task | None] = queue.SimpleQueue()
+        self.dropped = 0  # records dropped: while the file failed, or that cannot be lines
+        # records (each in a 1-tuple), tasks, and None for the end
+        self._queue: queue.SimpleQueue[tuple[Any] | Task | None] = queue.SimpleQueue()
         self._queued = 0  # lines and tasks put (counted by the caller's thread)
         self._done = 0  # of them written or run (counted by the writing thread)
         self._waiting: deque[bytes] = deque()  # taken from the queue, not written yet
         self._offset = 0  # bytes of the first waiting line already written
         self._fd: int | None = None
         self._mount: Path | None = None  # of the file's file system, as first seen
+        self._wake = threading.Event()  # write now
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         _OPEN.add(self)
 
-    def append(self, line: bytes, droppable: bool = False) -> None:
-        """Queue ``line`` (ending in a newline). A ``droppable`` line is dropped instead
-        while MAX_WAITING lines wait for a failing file."""
+    def append(self, record: Any, droppable: bool = False) -> None:
+        """Queue ``record`` (not to be changed after: it is encoded later). A
+        ``droppable`` one is dropped instead while MAX_WAITING lines wait for a failing
+        file."""
         if droppable and self._queued - self._done >= MAX_WAITING:
             self.dropped += 1
             return
         self._queued += 1
-        self._queue.put(line)
+        self._queue.put((record,))
 
     def call(self, task: Task) -> None:
         """Run ``task`` on the thread after the lines queued so far are written or kept."""
@@ -69,6 +79,7 @@ class Appender:
         """Wait up to ``timeout`` seconds for what is queued to be written; whether it is.
         Returns at once while the file fails."""
         wanted = self._queued
+        self._wake.set()
         deadline = time.monotonic() + timeout
         while self._done < wanted and self.failure is None and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -78,6 +89,7 @@ class Appender:
         """Stop once the lines queued are written (the thread goes on trying while the
         file fails, until the process exits)."""
         self._queue.put(None)
+        self._wake.set()
         _OPEN.discard(self)
 
     # -- the thread ----------------------------------------------------------------------
@@ -85,28 +97,37 @@ class Appender:
     def _run(self) -> None:
         closing = False
         while not (closing and not self._waiting):
-            timeout = RETRY_S if self._waiting else None
-            try:
-                item = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                item = None if closing else b""  # time to try again
-            while True:
-                if item is None:
-                    closing = True
-                elif isinstance(item, bytes):
-                    if item:
-                        self._waiting.append(item)
-                else:
-                    self._write()
-                    with contextlib.suppress(Exception):
-                        item()
-                    self._done += 1
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            self._wake.wait(WRITE_EVERY_S if self.failure is None else RETRY_S)
+            self._wake.clear()
+            closing = self._take() or closing
             self._write()
         self._close_file()
+
+    def _take(self) -> bool:
+        """Move the queued lines to the waiting ones, running the tasks in their turn;
+        whether ``close`` was asked."""
+        closing = False
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return closing
+            if item is None:
+                closing = True
+            elif isinstance(item, tuple):
+                self._take_record(item[0])
+            else:
+                self._write()
+                with contextlib.suppress(Exception):
+                    item()
+                self._done += 1
+
+    def _take_record(self, record: Any) -> None:
+        try:
+            self._waiting.append(self._encode(record))
+        except Exception:  # a record that cannot be a line (a value that refers to itself)
+            self.dropped += 1
+            self._done += 1
 
     def _write(self) -> None:
         """Write the waiting lines; on failure keep them, and note it."""

@@ -1,6 +1,6 @@
-"""Run logs followed as they grow: each read parses only the lines appended since the last
-one (the whole file when it was replaced or is shorter), for the fronts that look again
-every second or so (the Jupyter server's runs routes, the kernel's page)."""
+"""Run logs followed as they grow, for the fronts that look again every second or so (the
+Jupyter server's runs routes, the kernel's page): a log read again only when it changed,
+and then only its appended lines parsed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ class FollowedLog:
     """A log's records and summary as of one state of the file."""
 
     state: tuple[int, int, int]  # inode, size, modification time (ns)
-    parsed: int  # the bytes of whole lines parsed, from the start
     lines: list[Json]
     summary: Json  # RunSummary JSON
 
@@ -31,9 +30,10 @@ class FollowedLog:
 
 
 def read_log(path: Path, last: FollowedLog | None = None) -> FollowedLog | None:
-    """The records and summary of the log at ``path``, given how ``last`` read it: the
-    lines appended since parsed, the summary made again when the log changed or while the
-    run is running (it may have died); None when it cannot be read."""
+    """The records and summary of the log at ``path``, given how ``last`` read it: read
+    again when the log changed (``records.read_records`` parses only what was appended),
+    the summary made again while the run is running (it may have died); None when it
+    cannot be read. A last line still being written waits for its newline."""
     try:
         stat = path.stat()
         state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
@@ -41,18 +41,10 @@ def read_log(path: Path, last: FollowedLog | None = None) -> FollowedLog | None:
             if last.summary["status"] != RUNNING:
                 return last
             return replace(last, summary=summarize(path, last.lines).to_json())
-        grown = last is not None and last.state[0] == stat.st_ino and stat.st_size >= last.parsed
-        start = last.parsed if last is not None and grown else 0
-        with path.open("rb") as file:
-            file.seek(start)
-            appended = file.read()
+        lines = records.read_records(path, torn_tail=False)
     except OSError:
         return None
-    whole = appended.rfind(b"\n") + 1  # a last line without its newline is being written
-    new = [record for record in map(records.parse_record, appended[:whole].splitlines())
-           if record is not None]
-    lines = last.lines + new if last is not None and grown else new
-    return FollowedLog(state, start + whole, lines, summarize(path, lines).to_json())
+    return FollowedLog(state, lines, summarize(path, lines).to_json())
 
 
 def index_entry(path: Path) -> Json | None:

@@ -64,7 +64,7 @@ def _log_of(path_or_id: str | os.PathLike[str]) -> Path:
                 return path
         raise UnknownRunError(f"no run {text} here: ipycloud.runs() lists the runs started "
                               "on this machine")
-    path = Path(text)
+    path = Path(os.path.abspath(text))
     if not path.is_file():
         raise UnknownRunError(f"no run log {text!r}: give a run's id or its .jsonl log")
     return path

@@ -35,7 +35,8 @@ def record_run(start: Any) -> RunRecorder | None:
     if not start.main:
         return None
     run = start.run or new_run_id()
-    return RunRecorder(run, start.folder, Appender(records.log_path(start.folder, run)))
+    folder = None if start.folder is None else Path(os.path.abspath(start.folder))
+    return RunRecorder(run, folder, Appender(records.log_path(folder, run), records.encode))
 
 
 class RunRecorder:
@@ -49,7 +50,7 @@ class RunRecorder:
     def started(self, start: Any) -> None:
         line = self._write(records.START, {
             "run": self.run, **this_process(),
-            "folder": None if start.folder is None else str(start.folder), **start.details,
+            "folder": None if self.folder is None else str(self.folder), **start.details,
             "step": start.step, "epoch": start.epoch, "total_steps": start.total_steps,
             "epochs": start.epochs, "max_steps": start.max_steps})
         entry = {"run": self.run, "log": str(self.appender.path), "pid": line["pid"],
@@ -78,7 +79,7 @@ class RunRecorder:
     def _write(self, kind: str, fields: dict[str, Any],
                droppable: bool = False) -> dict[str, Any]:
         line = {"t": round(time.time(), 3), "kind": kind, **fields}
-        self.appender.append(records.encode(line), droppable)
+        self.appender.append(line, droppable)
         if self.appender.failure is not None and not self._warned:
             self._tell_failure()
         return line

@@ -14,7 +14,10 @@ import json
 import math
 import os
 import re
+import threading
 import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ SUFFIX = ".jsonl"
 START, STEP, EPOCH, CHECKPOINT, EVENT, END = "start", "step", "epoch", "checkpoint", "event", "end"
 KINDS = (START, STEP, EPOCH, CHECKPOINT, EVENT, END)
 RUN_ID = re.compile(r"[0-9a-f]{12}")
+CACHED_LOGS = 64  # logs whose lines read are kept, the last read
 # The fields each kind needs, with their types; a line without them is not a record.
 _NEEDED: dict[str, dict[str, type | tuple[type, ...]]] = {
     START: {"step": int, "epoch": int},
@@ -63,28 +67,75 @@ def log_path(folder: Path | None, run: str) -> Path:
 
 
 def logs_in(folder: Path) -> list[Path]:
-    """The run logs of a checkpoint folder (or of a folder of logs), unsorted; raises the
-    OSError of a folder that cannot be read."""
+    """The run logs of a checkpoint folder (or of a folder of logs), as absolute paths,
+    unsorted; raises the OSError of a folder that cannot be read."""
+    folder = Path(os.path.abspath(folder))
     inner = folder / RECORD_FOLDER
     where = inner if inner.is_dir() else folder
     return [path for path in where.iterdir()
             if path.suffix == SUFFIX and RUN_ID.fullmatch(path.stem) and path.is_file()]
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path, torn_tail: bool = True) -> list[dict[str, Any]]:
     """The records of the log at ``path``, in order. A damaged line (a torn last line of a
     process killed as it wrote, a corrupt one) is skipped with a RunRecordWarning; raises
-    only the OSError of a file that cannot be read."""
+    only the OSError of a file that cannot be read.
+
+    The whole lines read are kept (for the last CACHED_LOGS logs read): reading a log
+    again parses only what was appended since, so following a long run costs little.
+    ``torn_tail=False`` leaves out a last line without its newline, without a warning: a
+    reader that follows a live run sees the line the writer is still writing as such.
+    """
+    with open(path, "rb") as file:
+        status = os.fstat(file.fileno())
+        identity = (status.st_dev, status.st_ino)
+        with _cache_lock:
+            known = _cache.get(path)
+        if known is None or known.identity != identity or status.st_size < known.offset:
+            known = _Read(identity)  # new, replaced or cut: read afresh
+        file.seek(known.offset)
+        data = file.read()
+    whole, newline, tail = data.rpartition(b"\n")
+    lines = whole.split(b"\n") if newline else []
+    read = _Read(identity, known.offset + len(whole) + len(newline), known.lines + len(lines),
+                 known.records + _parsed(path, lines, known.lines))
+    with _cache_lock:
+        _cache[path] = read
+        _cache.move_to_end(path)
+        while len(_cache) > CACHED_LOGS:
+            _cache.popitem(last=False)
+    last = (_parsed(path, [tail], read.lines, cut_short=True)
+            if torn_tail and tail.strip() else [])
+    return read.records + last
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What was read of one log: its whole lines, up to ``offset``."""
+
+    identity: tuple[int, int]  # the file's device and inode
+    offset: int = 0
+    lines: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+_cache: OrderedDict[Path, _Read] = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _parsed(path: Path, lines: list[bytes], before: int,
+            cut_short: bool = False) -> list[dict[str, Any]]:
+    """The records on ``lines`` (the first is line ``before + 1``), each damaged one
+    skipped with a warning."""
     records = []
-    lines = path.read_bytes().rstrip().split(b"\n")
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(lines, start=before + 1):
         record = parse_record(line) if line.strip() else None
         if record is not None:
             records.append(record)
         elif line.strip():
-            where = "its last line, cut short," if number == len(lines) else f"line {number}"
+            where = "its last line, cut short," if cut_short else f"line {number}"
             warnings.warn(f"run log {path}: {where} is not a record; skipped", RunRecordWarning,
-                          stacklevel=2)
+                          stacklevel=3)
     return records
 
 

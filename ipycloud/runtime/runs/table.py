@@ -9,7 +9,7 @@ from typing import Any
 
 from ipycloud.runtime.runs.summary import RunSummary
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
-from ipycloud.runtime.units import format_duration
+from ipycloud.runtime.units import counted, format_duration
 
 
 class RunsTable:
@@ -34,7 +34,7 @@ class RunsTable:
         return self.HEADERS, rows
 
     def title(self) -> str:
-        return f"{len(self.summaries)} run(s) {self.where}"
+        return f"{counted(len(self.summaries), 'run')} {self.where}"
 
     def __str__(self) -> str:
         return "\n".join([self.title(), *aligned_lines(*self.table())])

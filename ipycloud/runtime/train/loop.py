@@ -10,6 +10,7 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -213,6 +214,7 @@ class _Trainer:
         self._moves_batches = not self.xla and self.device.type != "cpu"
         self._skipped_in_a_row = 0  # fp16 steps skipped by the scaler
         self._reported_checkpoint: str | None = None  # the last one told to callbacks
+        self._unreported = False  # whether a save may be written and not told of yet
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of the last save
         self._last_save = time.monotonic()
         self._interrupt: DeferredInterrupt | None = None
@@ -497,6 +499,7 @@ class _Trainer:
         self.history.steps.append(row)
         bar.advance(len(window), loss=mean, lr=row["lr"])
         self.followers.tell("stepped", {**row, **self._pace()})
+        self._report_written_save()
         return row
 
     def _pace(self) -> dict[str, float | None]:
@@ -675,8 +678,16 @@ class _Trainer:
                             rng_states=rng_states)
             if blocking is True:
                 self._report_checkpoint(self.saver.wait())
+            self._unreported = blocking is not True
         finally:
             self._phase = phase
+
+    def _report_written_save(self) -> None:
+        """Tell of a save written in the background since, without waiting for one still
+        being written (the next save would tell of it, minutes later)."""
+        if self._unreported and self.saver is not None and not self.manager.writing:
+            self._unreported = False
+            self._report_checkpoint(self.saver.wait())
 
     def _save_last(self, manager: Any, bar: Progress,
                    rng_states: dict[str, Any] | None = None,
@@ -721,7 +732,7 @@ class _Trainer:
             return  # not one this call wrote
         self.followers.tell("checkpointed", {"name": info.name, "step": info.step,
                                              "epoch": info.epoch,
-                                             "folder": str(info.directory)})
+                                             "folder": os.path.abspath(info.directory)})
 
     def _run_start(self, manager: Any, curves: bool) -> RunStart:
         plan = self.plan
