@@ -73,6 +73,19 @@ def test_redraws_at_most_once_a_second_and_always_at_the_end() -> None:
     assert "finished at step 30, epoch 1" in screen.shown[-1]
 
 
+def test_a_resumed_run_draws_its_past_rows_too() -> None:
+    screen = Screen()
+    follower = LiveCurves(screen, clock=Clock())
+    past = RunStart(folder=None, step=20, epoch=1, total_steps=40, epochs=2, max_steps=None,
+                    main=True, curves=True, past_steps=(row(10, 3.0), row(20, 2.0)),
+                    past_epochs=({"epoch": 0, "steps": 20, "val_loss": 2.5},))
+    follower.started(past)
+    follower.stepped(row(30, 1.0))
+
+    assert follower.curves.loss.points == [(10, 3.0), (20, 2.0), (30, 1.0)]
+    assert follower.curves.metrics["val_loss"].points == [(20, 2.5)]
+
+
 def test_a_paused_run_draws_its_last_state_with_the_reason() -> None:
     clock, screen = Clock(), Screen()
     follower = LiveCurves(screen, clock=clock)

@@ -43,6 +43,7 @@ class LiveCurves:
 
     def started(self, start: RunStart) -> None:
         self._total = start.total_steps
+        self.curves = TrainingCurves.of(start.past_steps, start.past_epochs)  # a resumed run's
 
     def stepped(self, row: dict[str, Any]) -> None:
         self.curves.add_step(row)

@@ -34,6 +34,9 @@ class RunStart:
     details: dict[str, Any] = field(default_factory=dict)  # device, precision, model...
     curves: bool = False  # live curves asked for (progress=True, on the main process)
     run: str | None = None  # the checkpoint run's id (CheckpointInfo.run), where known
+    # The rows logged before this call (a resumed run's): History.steps and History.epochs.
+    past_steps: tuple[dict[str, Any], ...] = ()
+    past_epochs: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -742,6 +742,7 @@ class _Trainer:
             folder=manager.directory if manager is not None else None, step=self.step,
             epoch=self.data.epoch, total_steps=self._total_steps(), epochs=plan.epochs,
             max_steps=plan.max_steps, main=self.main, curves=curves and self.main,
+            past_steps=tuple(self.history.steps), past_epochs=tuple(self.history.epochs),
             details={"device": str(self.device), "precision": plan.precision.name,
                      "model": type(self.raw_model).__name__,
                      "parameters": sum(p.numel() for p in self.raw_model.parameters()),
