@@ -157,7 +157,7 @@ def test_fit_alerts_when_a_run_finishes_fails_and_pauses(
         train(epochs=1, checkpoint=tmp_path / "run two", callbacks=[InterruptAt3()])
     title, message = sent(alert_receiver)[2]
     assert title == "ipycloud: training paused"
-    assert message.startswith("KeyboardInterrupt: ipycloud.fit: interrupted at step 3; rerun "
+    assert message.startswith("FitInterrupted: ipycloud.fit: interrupted at step 3; rerun "
                               "this cell to continue\nstep 3 of 4, epoch 0")
 
 
@@ -169,7 +169,7 @@ def test_a_run_that_stops_early_says_why(monkeypatch: pytest.MonkeyPatch,
                  progress=False, early_stop=("val_loss", 1, "max"))
     ((title, message),) = sent(alert_receiver)
     assert title == "ipycloud: training stopped early"
-    assert message.startswith("early stop: val_loss has not improved for 1 epoch(s) since epoch "
+    assert message.startswith("early stop: val_loss has not improved for 1 epoch since epoch "
                               "0 (0.7424) (step 8)\nstep 8 of 80, epoch 2, after ")
 
 

@@ -36,5 +36,5 @@ def test_a_kernel_killed_out_of_memory_is_an_alert_and_other_deaths_are_not(
     (message,) = api.wait(lambda: alert_receiver.messages, timeout=TIMEOUT, what="the alert")
     assert (message["title"], message["message"], message["type"]) == (
         "ipycloud: a kernel ran out of memory",
-        "the kernel of train.ipynb was killed: out of memory (limit 1.0 GiB, peak 900.0 MiB)",
+        "the kernel of train.ipynb was killed: out of memory (limit 1024 MiB, peak 900 MiB)",
         "failure")

@@ -114,12 +114,12 @@ def failing_loss(outputs: Any, targets: Any) -> Any:
 
 @pytest.mark.parametrize(("options", "error", "status", "events", "reason"), [
     ({"lr": 0.0, "val_data": data(), "early_stop": ("val_loss", 1)}, None, "stopped early",
-     ["early_stop"], "early stop: val_loss has not improved for 1 epoch(s) since epoch 0"),
+     ["early_stop"], "early stop: val_loss has not improved for 1 epoch since epoch 0"),
     ({"loss_fn": failing_loss}, RuntimeError, "failed", ["out_of_memory"],
      "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"),
     ({"callbacks": [At({3: lambda: os.kill(os.getpid(), signal.SIGINT)})]}, KeyboardInterrupt,
      "paused", ["pause"],
-     "KeyboardInterrupt: ipycloud.fit: interrupted at step 3; rerun this cell to continue"),
+     "FitInterrupted: ipycloud.fit: interrupted at step 3; rerun this cell to continue"),
 ], ids=["stopped early", "out of memory", "interrupted"])
 def test_each_way_a_run_ends_reads_back_as_its_status(
         tmp_path: Path, options: dict[str, Any], error: type[BaseException] | None,
