@@ -31,7 +31,7 @@ from ipycloud.server.settings import IpycloudServer
 pytestmark = pytest.mark.filterwarnings("error:Extension endpoints without")
 
 READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks",
-                "network"}
+                "network", "disk_io"}
 GPU_KEYS = {"index", "name", "uuid", "utilization_percent", "memory_used", "memory_total",
             "temperature_c", "power_w", "power_limit_w", "mig"}
 

@@ -1,6 +1,6 @@
 """The machine's history the server keeps for a day: thinned with age, older than the
 history's length dropped, read back after a restart of a real server, a bad line skipped,
-one writer per file; and the network figures the readings carry."""
+one writer per file; and the network and disk I/O figures the readings carry."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_a_restarted_server_serves_the_history_of_the_one_before(tmp_path: Path)
                           "ten readings of the first server")
     finally:
         first.close()
-    assert set(before[0]) >= {"time", "cpu", "ram", "network"}
+    assert set(before[0]) >= {"time", "cpu", "ram", "network", "disk_io"}
     minute = time.time() // 60 * 60
     old = {**before[0], "time": minute - DAY - 5}
     hours_ago = [{**before[0], "time": minute - 3 * 3600 + tick} for tick in range(180)]
@@ -172,6 +172,7 @@ def test_a_restarted_server_serves_the_history_of_the_one_before(tmp_path: Path)
                          "the readings of both servers")
     finally:
         second.close()
+    assert all("disk_io" in reading for reading in later)  # read back with the new figure
     stamps = [reading["time"] for reading in later]
     assert isinstance(stamps[0], float)
     assert stamps[:3] == [reading["time"] for reading in hours_ago[::60]]

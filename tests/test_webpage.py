@@ -40,7 +40,7 @@ from ipycloud.runtime.per_process import reset_process_state
 MIB = 2**20
 JSON_TYPE = "application/json"
 READING_KEYS = {"time", "interval_s", "platform", "gpu_problem", "gpus", "cpu", "ram", "disks",
-                "network"}
+                "network", "disk_io"}
 
 
 def get(server: PageServer | int, path: str, headers: dict[str, str] | None = None

@@ -62,6 +62,9 @@ export interface IReading {
   /** Bytes per second since the previous reading; `null` where unknown, absent from an
    * older server. */
   network?: { received_per_s: number | null; sent_per_s: number | null };
+  /** Bytes per second read and written by the machine's disks since the previous reading;
+   * `null` where unknown, absent from an older server. */
+  disk_io?: { read_per_s: number | null; written_per_s: number | null };
 }
 
 export interface IHistory {

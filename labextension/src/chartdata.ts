@@ -87,7 +87,7 @@ export function runCharts(records: readonly IRunRecord[], axis: XAxis): IChartCo
   return charts;
 }
 
-/** GPU utilisation and memory, CPU, RAM, disk use and network traffic over time. */
+/** GPU utilisation and memory, CPU, RAM, disk use, network traffic and disk I/O over time. */
 export function machineCharts(samples: readonly IReading[]): IChartContent[] {
   const xs = samples.map(sample => sample.time);
   const latest = samples[samples.length - 1];
@@ -168,24 +168,35 @@ export function machineCharts(samples: readonly IReading[]): IChartContent[] {
         )
       ]
     },
-    {
-      spec: {
-        name: 'network',
-        title: 'Network',
-        series: [
-          { label: 'received', colour: PALETTE[0] },
-          { label: 'sent', colour: PALETTE[1] }
-        ],
-        format: formatTraffic
-      },
-      data: [
-        xs,
-        samples.map(sample => sample.network?.received_per_s ?? null),
-        samples.map(sample => sample.network?.sent_per_s ?? null)
-      ]
-    }
+    ratesChart('network', 'Network', samples, {
+      received: sample => sample.network?.received_per_s ?? null,
+      sent: sample => sample.network?.sent_per_s ?? null
+    }),
+    ratesChart('disk-io', 'Disk I/O', samples, {
+      read: sample => sample.disk_io?.read_per_s ?? null,
+      written: sample => sample.disk_io?.written_per_s ?? null
+    })
   );
   return charts.map(chart => ({ ...chart, data: withBreaks(chart.data) }));
+}
+
+/** A chart of bytes per second over time: a series per label, read from each reading. */
+function ratesChart(
+  name: string,
+  title: string,
+  samples: readonly IReading[],
+  rates: Record<string, (sample: IReading) => number | null>
+): IChartContent {
+  const labels = Object.keys(rates);
+  return {
+    spec: {
+      name,
+      title,
+      series: labels.map((label, i) => ({ label, colour: PALETTE[i % PALETTE.length] })),
+      format: formatTraffic
+    },
+    data: [samples.map(sample => sample.time), ...labels.map(label => samples.map(rates[label]))]
+  };
 }
 
 /**

@@ -27,8 +27,8 @@ export class ChartViews {
       label: args =>
         args.run ? `Open the charts of run ${args.run}` : "Open the machine's charts",
       caption:
-        "A run's loss, learning rate and metrics, or the machine's GPUs, CPU, RAM, disks " +
-        'and network over time',
+        "A run's loss, learning rate and metrics, or the machine's GPUs, CPU, RAM, disks, " +
+        'network and disk I/O over time',
       icon: lineFormIcon,
       execute: args => this.open(typeof args.run === 'string' ? args.run : null)
     });

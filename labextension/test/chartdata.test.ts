@@ -72,13 +72,41 @@ test("the machine's charts have a series per GPU, missing where a GPU was not re
     'cpu',
     'ram',
     'disks',
-    'network'
+    'network',
+    'disk-io'
   ]);
   assert.deepEqual(charts[0].data, [[1, 2], [10, 20], [null, 30]]);
   assert.deepEqual(charts[1].spec.range, [0, 40]);
   assert.deepEqual(charts[3].data, [[1, 2], [2, 2], [8, 8]]);
   assert.deepEqual(charts[4].spec.range, [0, 10]);
   assert.deepEqual(charts[5].data, [[1, 2], [100, 200], [null, null]]);
+});
+
+test("the machine's disk I/O chart has bytes read and written per second", () => {
+  const reading = (time: number, disk_io?: IReading['disk_io']): IReading =>
+    ({
+      time,
+      gpus: [],
+      cpu: { percent: 0 },
+      ram: { used: 1, limit: 2 },
+      disks: [],
+      disk_io
+    }) as unknown as IReading;
+  const charts = machineCharts([
+    reading(1), // an older server's: no disk I/O at all
+    reading(2, { read_per_s: null, written_per_s: null }),
+    reading(3, { read_per_s: 4096, written_per_s: 2.5 * 1024 ** 2 })
+  ]);
+  const diskIo = charts.find(chart => chart.spec.name === 'disk-io');
+  assert.ok(diskIo, 'a disk I/O chart');
+  assert.equal(diskIo.spec.title, 'Disk I/O');
+  assert.deepEqual(diskIo.spec.series.map(series => series.label), ['read', 'written']);
+  assert.deepEqual(diskIo.data, [
+    [1, 2, 3],
+    [null, null, 4096],
+    [null, null, 2.5 * 1024 ** 2]
+  ]);
+  assert.equal(diskIo.spec.format(2.5 * 1024 ** 2), '2.5 MiB/s');
 });
 
 test('network traffic is in bytes, KiB or MiB per second', () => {

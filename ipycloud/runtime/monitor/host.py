@@ -3,9 +3,9 @@ server extension): the probe's Sample plus what a shared view needs besides.
 
 ``HostProbe.read()`` takes the probe's reading (CPU and RAM under the cgroup limits, swap,
 GPUs) and adds the cgroup's CPU throttling, RAM peak and OOM-kill counter, the network's
-traffic, each GPU's UUID, MIG instances and processes, the disks of home, persistent and
-scratch folders, and the process trees of the PIDs it is asked to watch (kernels), with the
-GPU memory each holds.
+traffic, the disks' I/O, each GPU's UUID, MIG instances and processes, the disks of home,
+persistent and scratch folders, and the process trees of the PIDs it is asked to watch
+(kernels), with the GPU memory each holds.
 Everything is read on the calling thread (the sampler's): nothing here is asynchronous.
 """
 
@@ -24,6 +24,7 @@ from ipycloud.runtime.machine.cgroup import read_cgroup, read_cgroup_counters, t
 from ipycloud.runtime.machine.nvml import GpuDetail, GpuDetailReader, unavailable_reason
 from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.machine.snapshot import usable_cpus
+from ipycloud.runtime.monitor.disk_io import DiskIoMeter
 from ipycloud.runtime.monitor.network import NetworkMeter
 from ipycloud.runtime.monitor.probe import Probe, disks_of
 from ipycloud.runtime.monitor.processes import ProcessTree, TreeMeter
@@ -42,6 +43,8 @@ class HostSample(Sample):
     oom_kills: int | None = None  # the cgroup's OOM-kill counter
     net_received_per_s: float | None = None  # bytes/s since the last reading, no loopback
     net_sent_per_s: float | None = None
+    disk_read_per_s: float | None = None  # bytes/s since the last reading, whole disks only
+    disk_written_per_s: float | None = None
     gpu_problem: str | None = None  # why no GPU is listed, or why one lists no processes
     gpu_details: tuple[GpuDetail, ...] = ()  # by CUDA ordinal, as ``gpus``
     watched: Mapping[str, ProcessTree] = field(  # by the key each tree was watched as
@@ -76,6 +79,7 @@ class HostProbe:
         self._trees = TreeMeter(self.cores)
         self._gpus = GpuDetailReader()
         self._network = NetworkMeter(clock=clock)
+        self._disk_io = DiskIoMeter(clock=clock)
         self._session_start = session_start
         self._lock = threading.Lock()
 
@@ -90,6 +94,7 @@ class HostProbe:
             throttled = throttled_percent(self._throttling, throttling)
             self._throttling = throttling
             received, sent = self._network.read()
+            read, written = self._disk_io.read()
             details = self._gpus.read()
             trees = self._trees.read(watched or {}, [(gpu.cuda_index, gpu.processes)
                                                      for gpu in details])
@@ -105,6 +110,8 @@ class HostProbe:
                 "oom_kills": self._counters.oom_kills(),
                 "net_received_per_s": received,
                 "net_sent_per_s": sent,
+                "disk_read_per_s": read,
+                "disk_written_per_s": written,
                 "gpu_problem": self._gpu_problem(sample, details),
                 "gpu_details": details,
                 "watched": MappingProxyType(trees),

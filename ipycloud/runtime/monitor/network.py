@@ -5,14 +5,13 @@ interfaces). The loopback interface is left out: it is the machine talking to it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import psutil
 
-LOOPBACK = "lo"
+from ipycloud.runtime.monitor.rates import Counters, RateMeter
 
-# Bytes (received, sent) so far, by interface name.
-Counters = Mapping[str, tuple[int, int]]
+LOOPBACK = "lo"
 
 
 def interface_counters() -> Counters:
@@ -21,30 +20,10 @@ def interface_counters() -> Counters:
             for name, io in psutil.net_io_counters(pernic=True).items() if name != LOOPBACK}
 
 
-class NetworkMeter:
-    """Bytes per second received and sent since the previous reading; not thread-safe."""
+class NetworkMeter(RateMeter):
+    """Bytes per second (received, sent) since the previous reading; None on the first
+    reading and across an interface that appeared, vanished or restarted its counters."""
 
     def __init__(self, counters: Callable[[], Counters] = interface_counters,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._counters, self._clock = counters, clock
-        self._last: tuple[float, Counters] | None = None
-
-    def read(self) -> tuple[float | None, float | None]:
-        """(received, sent) bytes per second since the previous call; None on the first
-        call, when the counters cannot be read, and across an interface that appeared,
-        vanished or restarted its counters."""
-        try:
-            now = (self._clock(), self._counters())
-        except OSError:  # no /proc/net/dev (a sandbox): unknown, and no baseline
-            self._last = None
-            return None, None
-        last, self._last = self._last, now
-        if last is None or now[0] <= last[0] or set(now[1]) != set(last[1]):
-            return None, None
-        deltas = [(now[1][name][0] - last[1][name][0], now[1][name][1] - last[1][name][1])
-                  for name in now[1]]
-        if any(received < 0 or sent < 0 for received, sent in deltas):
-            return None, None
-        seconds = now[0] - last[0]
-        return (sum(received for received, _ in deltas) / seconds,
-                sum(sent for _, sent in deltas) / seconds)
+        super().__init__(counters, clock)

@@ -5,8 +5,8 @@ readings; the Jupyter server extension and the kernel's dashboard page both answ
 Sizes are bytes, times Unix seconds, percentages 0-100; a figure the machine cannot give is
 None (null), never left out. A plain Sample (the kernel's own sampler) has none of the
 figures a HostSample (the Jupyter server's) adds: they read null (session time, cores,
-throttling, RAM peak, the server's and its kernels' memory, GPU UUIDs, network) or empty
-(MIG instances).
+throttling, RAM peak, the server's and its kernels' memory, GPU UUIDs, network, disk I/O)
+or empty (MIG instances).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def reading(sample: Sample, interval: float) -> Json:
                   for disk in host.disks],
         "network": {"received_per_s": host.net_received_per_s,
                     "sent_per_s": host.net_sent_per_s},
+        "disk_io": {"read_per_s": host.disk_read_per_s,
+                    "written_per_s": host.disk_written_per_s},
     }
 
 
