@@ -76,5 +76,5 @@ def test_the_jupyterlab_tutorial_reads_the_routes_of_the_server_that_runs_it(
         server.close()
     assert f"Reading the routes of the Jupyter server at {server.base}/" in text
     # The server learns "busy" from the kernel's messages, which may lag behind the cell.
-    assert re.search(r"06-jupyterlab\.ipynb: (busy|idle), 1 process\(es\), RAM ", text)
+    assert re.search(r"06-jupyterlab\.ipynb: (busy|idle), 1 process, RAM ", text)
     assert "platform: Local machine" in text
