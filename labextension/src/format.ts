@@ -109,3 +109,8 @@ export function level(percent: number | null, threshold: number): Level {
   }
   return percent >= threshold - NEAR_MARGIN ? 'near' : 'ok';
 }
+
+/** `1 core`, `2 cores`, `1.5 cores`. */
+export function formatCores(cores: number): string {
+  return `${cores} ${cores === 1 ? 'core' : 'cores'}`;
+}

@@ -6,6 +6,7 @@ import { element, setText } from './dom';
 import {
   amountIn,
   formatBytes,
+  formatCores,
   formatIn,
   formatPercent,
   formatUsage,
@@ -30,7 +31,7 @@ export class MachineRows {
   /** Show the latest reading and the history of ``samples``; RAM warns from the threshold. */
   render(samples: readonly IReading[], latest: IReading, ramWarningPercent: number): void {
     const { cpu, ram } = latest;
-    const cores = cpu.cores === null ? '' : ` of ${cpu.cores} cores`;
+    const cores = cpu.cores === null ? '' : ` of ${formatCores(cpu.cores)}`;
     const throttled =
       cpu.throttled_percent === null ? '' : `, throttled ${formatPercent(cpu.throttled_percent)}`;
     this.cpu.update(

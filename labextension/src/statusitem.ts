@@ -7,7 +7,7 @@ import { Widget } from '@lumino/widgets';
 
 import { IGpuReading, IReading } from './api';
 import { element, setAttribute } from './dom';
-import { formatOf, formatPercent, formatUsage, level, Level, share } from './format';
+import { formatCores, formatOf, formatPercent, formatUsage, level, Level, share } from './format';
 import { Connection, ResourceMonitor } from './monitor';
 import { IOptions } from './settings';
 
@@ -177,7 +177,7 @@ function tooltip(reading: IReading): string {
     `RAM: ${formatOf(ram.used, ram.limit)} ` +
       (ram.limited ? "(the container's limit)" : "(the machine's RAM)")
   );
-  lines.push(`CPU: ${formatPercent(reading.cpu.percent)} of ${reading.cpu.cores} cores`);
+  lines.push(`CPU: ${formatPercent(reading.cpu.percent)} of ${formatCores(reading.cpu.cores)}`);
   lines.push('Click for the ipycloud panel');
   return lines.join('\n');
 }
