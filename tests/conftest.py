@@ -27,6 +27,22 @@ from ipycloud.runtime.per_process import reset_process_state
 pytest_plugins = ["http_server", "gdrive_server", "kaggle_server", "faultfs", "alert_receiver"]
 
 
+# ipycloud's state and configuration folders for the whole session (session and module
+# fixtures and the processes they start included), never the user's: no run of the suite is
+# listed by `ipycloud runs`, and no alert reaches the user's URLs. Each test gets its own
+# below (state_home, config_home).
+_SESSION_HOMES = {"XDG_STATE_HOME": "state", "XDG_CONFIG_HOME": "config"}
+_USER_SETTINGS = ("IPYCLOUD_STATE_DIR", "IPYCLOUD_CONFIG_DIR", "IPYCLOUD_NOTIFY")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    base = Path(tempfile.mkdtemp(prefix="ipycloud-tests-"))
+    for variable, name in _SESSION_HOMES.items():
+        os.environ[variable] = str(base / name)
+    for variable in _USER_SETTINGS:
+        os.environ.pop(variable, None)
+
+
 @pytest.fixture(autouse=True)
 def fresh_process_state() -> Iterator[None]:
     """Each test starts and ends without the sampler, guard, syncs or managers of another."""

@@ -200,6 +200,11 @@ def test_the_cli_shows_the_runs_as_a_table_and_as_json(
         "id": RUN, "status": "stopped early", "step": 20, "total_steps": 40, "epoch": 1,
         "epochs": 2, "events": 1, "checkpoints": 0, "last_loss": 0.05}
 
+    empty = tmp_path / "no runs 'yet'"
+    empty.mkdir()
+    assert main(["runs", str(empty)]) == 0
+    assert capsys.readouterr().out == f"no runs in {empty}\n"  # no empty table
+
     assert main(["runs", str(tmp_path / "nowhere")]) == 1
     assert capsys.readouterr().err == (f"ipycloud runs: no folder "
                                        f"{str(tmp_path / 'nowhere')!r}: give a checkpoint "

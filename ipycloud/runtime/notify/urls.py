@@ -103,7 +103,8 @@ def check_url(url: str) -> None:
     """ValueError (one line) unless Apprise can send to ``url``."""
     apprise = require("apprise", "notify")
     if not url or apprise.Apprise.instantiate(url) is None:
-        raise ValueError(f"{mask(url)} is not a URL Apprise can send to: see "
+        shown = mask(url) if "://" in url else "the text given"
+        raise ValueError(f"{shown} is not a URL Apprise can send to: see "
                          "https://github.com/caronc/apprise/wiki for each service's form")
 
 

@@ -34,16 +34,20 @@ class RunsTable:
         return self.HEADERS, rows
 
     def title(self) -> str:
+        if not self.summaries:
+            return f"no runs {self.where}"
         return f"{counted(len(self.summaries), 'run')} {self.where}"
 
     def __str__(self) -> str:
-        return "\n".join([self.title(), *aligned_lines(*self.table())])
+        rows = aligned_lines(*self.table()) if self.summaries else []
+        return "\n".join([self.title(), *rows])
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
     def _repr_html_(self) -> str:
-        return f"<p>{html.escape(self.title())}</p>" + html_table(self.table())
+        table = html_table(self.table()) if self.summaries else ""
+        return f"<p>{html.escape(self.title())}</p>" + table
 
 
 def _out_of(done: int, total: int | None) -> str:
