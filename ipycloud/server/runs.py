@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.following import FollowedLog, index_entry, read_log
+from ipycloud.runtime.runs.following import FollowedLog, read_log
 
 Json = dict[str, Any]
 
@@ -121,7 +121,7 @@ class RunFinder:
         except OSError:
             return
         for path in entries:
-            entry = index_entry(path)
+            entry = records.read_index_entry(path)
             if entry is None:
                 continue
             log = Path(os.path.abspath(entry["log"]))

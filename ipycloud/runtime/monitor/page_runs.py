@@ -19,7 +19,7 @@ from typing import Any
 
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.following import FollowedLog, index_entry, read_log
+from ipycloud.runtime.runs.following import FollowedLog, read_log
 from ipycloud.runtime.runs.summary import RunSummary, summarize
 
 Json = dict[str, Any]
@@ -68,7 +68,7 @@ class ProcessRuns:
         for name, (changed, path) in found.items():
             known = self._entries.get(name)
             if known is None or known[0] != changed:
-                entry = index_entry(path)
+                entry = records.read_index_entry(path)
                 log = (Path(entry["log"]) if entry is not None and entry.get("pid") == pid
                        and entry.get("host") == host else None)
                 known = (changed, log)

@@ -4,7 +4,6 @@ and then only its appended lines parsed."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,12 +44,3 @@ def read_log(path: Path, last: FollowedLog | None = None) -> FollowedLog | None:
     except OSError:
         return None
     return FollowedLog(state, lines, summarize(path, lines).to_json())
-
-
-def index_entry(path: Path) -> Json | None:
-    """An entry of the user's index of runs that names its log; None for anything else."""
-    try:
-        entry = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -57,7 +56,7 @@ def _folder(folder: Path) -> Path:
 def _log_of(path_or_id: str | os.PathLike[str]) -> Path:
     text = os.fspath(path_or_id)
     if records.RUN_ID.fullmatch(text):
-        entry = _read_entry(records.index_dir() / f"{text}.json")
+        entry = records.read_index_entry(records.index_dir() / f"{text}.json")
         indexed = _indexed_log(entry) if entry is not None else None
         for path in (indexed, records.runs_dir() / f"{text}{records.SUFFIX}"):
             if path is not None and path.is_file():
@@ -85,16 +84,7 @@ def _index_entries() -> list[dict[str, Any]]:
         paths = list(records.index_dir().glob("*.json"))
     except OSError:
         return []
-    return [entry for entry in map(_read_entry, paths) if entry is not None]
-
-
-def _read_entry(path: Path) -> dict[str, Any] | None:
-    """An index entry; None where it is missing or not one."""
-    try:
-        entry = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
+    return [entry for entry in map(records.read_index_entry, paths) if entry is not None]
 
 
 def _indexed_log(entry: dict[str, Any]) -> Path | None:

@@ -66,6 +66,16 @@ def log_path(folder: Path | None, run: str) -> Path:
     return parent / f"{run}{SUFFIX}"
 
 
+def read_index_entry(path: Path) -> dict[str, Any] | None:
+    """An entry of the user's index of runs, which names its log; None where it is missing
+    or not one."""
+    try:
+        entry = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
+
+
 def logs_in(folder: Path) -> list[Path]:
     """The run logs of a checkpoint folder (or of a folder of logs), as absolute paths,
     unsorted; raises the OSError of a folder that cannot be read."""
