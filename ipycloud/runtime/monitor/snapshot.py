@@ -31,8 +31,7 @@ class Snapshot:
         return f"ipycloud dashboard at {clock} ({self.note})"
 
     def html(self) -> str:
-        runs = (f"<p>{html.escape(self.runs.title())}</p>{html_table(self.runs.table())}"
-                if self.runs.summaries else "")
+        runs = self.runs.html() if self.runs.summaries else ""
         return (f'<div class="{SNAPSHOT_CLASS}"><p><b>{html.escape(self.title())}</b></p>'
                 f"{runs}{html_table(resource_table(self.sample))}</div>")
 

@@ -45,9 +45,13 @@ class RunsTable:
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(str(self))
 
-    def _repr_html_(self) -> str:
+    def html(self) -> str:
+        """The title and, when there are runs, their table, as HTML."""
         table = html_table(self.table()) if self.summaries else ""
         return f"<p>{html.escape(self.title())}</p>" + table
+
+    def _repr_html_(self) -> str:
+        return self.html()
 
 
 def _out_of(done: int, total: int | None) -> str:
