@@ -24,6 +24,7 @@ _LAZY_ATTRIBUTES = {
     "runs": "ipycloud.runtime.runs",
     "loader": "ipycloud.runtime.train.data",
     "launch": "ipycloud.runtime.train.distributed",
+    "run_under_torchrun": "ipycloud.runtime.train.distributed",
     "mount": "ipycloud.runtime.storage.mount",
     "download": "ipycloud.runtime.storage.download",
     "extract": "ipycloud.runtime.storage.extract",

@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("-p", "--processes", action="store_true",
                       help="also list the processes using each GPU")
 
+    torchrun = _add(subcommands, "torchrun", commands.torchrun,
+                    "torch's torchrun, each group of workers with a store of its own, so "
+                    "that restarts and scale-downs never hang; the arguments are torchrun's")
+    torchrun.add_argument("arguments", metavar="ARGUMENT", nargs="*",
+                          help="torchrun's options, the script and its arguments")
+
     _add(subcommands, "demo", commands.demo,
          "show what ipycloud does on this machine: report, crash-proof checkpoints")
 
@@ -83,7 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["torchrun"]:  # every word after it is torchrun's, its --help included
+        return commands.torchrun(argparse.Namespace(arguments=words[1:]))
+    args = build_parser().parse_args(words)
     with warnings.catch_warnings():
         warnings.showwarning = _warn_in_one_line
         try:

@@ -27,6 +27,18 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
+def torchrun(args: argparse.Namespace) -> int:
+    """``ipycloud torchrun ARGS``: torchrun, whose restarts never hang (``train.elastic``)."""
+    from ipycloud.runtime._optional import require
+    from ipycloud.runtime.train.elastic import torchrun as run_torchrun
+
+    try:
+        require("torch", "torch")
+    except ImportError as error:
+        raise CommandError(str(error)) from None
+    return run_torchrun(args.arguments)
+
+
 def demo(args: argparse.Namespace) -> int:
     """``ipycloud demo``: what ipycloud does, on this machine."""
     from ipycloud.cli.demo import run_demo

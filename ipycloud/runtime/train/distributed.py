@@ -216,6 +216,18 @@ def distributed_info() -> DistributedInfo | None:
                            backend=str(dist.get_backend()))
 
 
+def check_group_started() -> None:
+    """LaunchError in a process that torchrun started as one of several ranks, while no
+    process group is initialised: each rank would train alone and save to one folder."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if "RANK" in os.environ and world.isdigit() and int(world) > 1 \
+            and distributed_info() is None:
+        raise LaunchError(f"this process is rank {os.environ['RANK']} of {world} started by "
+                          "torchrun, and no process group is initialised: call fit inside "
+                          "ipycloud.run_under_torchrun(train) (or after "
+                          "torch.distributed.init_process_group())")
+
+
 def is_main_process() -> bool:
     """True when not distributed, or on rank 0: the process that logs and saves."""
     info = distributed_info()
@@ -259,6 +271,9 @@ def run_under_torchrun(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     import torch
     import torch.distributed as dist
 
+    from ipycloud.runtime.train.elastic import warn_if_restarts_can_hang
+
+    warn_if_restarts_can_hang()
     backend = _auto_backend(len(usable_gpus()))
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

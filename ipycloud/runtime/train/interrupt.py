@@ -20,6 +20,12 @@ class FitInterrupted(KeyboardInterrupt):
     the cell with that line alone, without a traceback."""
 
 
+class GroupStopped(RuntimeError):
+    """Another rank of the process group got SIGTERM: the group saved and stopped at one
+    step, and this rank ends with an error, so that torchrun restarts the group (on the
+    machines that stay) from that step."""
+
+
 class DeferredInterrupt:
     """While active in the main thread, SIGINT sets ``requested`` instead of raising.
 
@@ -62,9 +68,9 @@ class Preemption:
     validation), or returns False, and the loop saves at the next step boundary, where
     it checks ``requested`` and calls ``end()``. ``end()`` puts the previous handler back
     and delivers the signal to it: the default ends the process, a Python handler (the
-    session guard's) runs. A SIGTERM ignored before ``fit`` stays ignored, and in a rank
-    other than the first of a process group (``main=False``) it is ignored while ``fit``
-    runs: the first rank saves, and the ranks end with it.
+    session guard's) runs. A SIGTERM ignored before ``fit`` stays ignored. In a rank
+    other than the first of a process group (``main=False``) the signal is only noted:
+    the ranks agree at a step boundary to stop together, and the first rank saves.
     """
 
     def __init__(self, save_now: Callable[[], bool], main: bool = True) -> None:
@@ -79,8 +85,7 @@ class Preemption:
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGTERM)
             if previous != signal.SIG_IGN:
-                self._previous = signal.signal(
-                    signal.SIGTERM, self._on_sigterm if self._main else signal.SIG_IGN)
+                self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
                 self._active = True
         return self
 
@@ -103,7 +108,7 @@ class Preemption:
         if self.requested or os.getpid() != self._pid:
             return
         self.requested = True
-        if self._save_now():
+        if self._main and self._save_now():
             self.end()
 
 

@@ -43,6 +43,7 @@ from ipycloud.runtime.train.arguments import (
     checkpoint_seconds,
     unreadable_at_start,
 )
+from ipycloud.runtime.train.buckets import rebuilds_buckets, settle_buckets
 from ipycloud.runtime.train.callbacks import Callbacks, EarlyStopping, early_stopping
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
@@ -57,11 +58,17 @@ from ipycloud.runtime.train.followers import (
     start_following,
 )
 from ipycloud.runtime.train.history import History
-from ipycloud.runtime.train.interrupt import DeferredInterrupt, FitInterrupted, Preemption
+from ipycloud.runtime.train.interrupt import (
+    DeferredInterrupt,
+    FitInterrupted,
+    GroupStopped,
+    Preemption,
+)
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
+from ipycloud.runtime.train.stop_vote import StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.xla import OnCpu
 from ipycloud.runtime.units import counted
@@ -149,6 +156,9 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     the data, and only rank 0 writes checkpoints and shows progress.
     """
     torch = require("torch", "torch")
+    from ipycloud.runtime.train.distributed import check_group_started
+
+    check_group_started()
     check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
     check_progress(progress)
     manager = checkpoint_manager(checkpoint)
@@ -231,6 +241,8 @@ class _Trainer:
         self.followers = Followers()  # told what happens, once the steps begin
         self._ended = False  # whether the followers were told how the run ended
         self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
+        self._vote: StopVote | None = None  # the ranks' agreement on when to stop
+        self._settling = False  # whether DDP's buckets are settled before the first step
 
     # -- the run --------------------------------------------------------------------------
 
@@ -243,6 +255,7 @@ class _Trainer:
         if resumed is not None:
             self.data.resume(resumed.data_position or {})
             self._saved_at = self._position()
+            self._settling = rebuilds_buckets(self.model, self._rank_and_world()[1])
         if manager is not None:
             self.data.check_reproducible()
         if self.data.batches_per_epoch() == 0:
@@ -267,6 +280,8 @@ class _Trainer:
         if self.saver is not None:
             self.saver.listener = self._storage_event
         self._logged_at = (self.step, time.monotonic())
+        if self.dist is not None and self.dist.world_size > 1:
+            self._vote = StopVote(self.dist.rank)
         try:
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
                                    "(interrupt again to stop at once)") as self._interrupt, \
@@ -288,6 +303,8 @@ class _Trainer:
             raise
         finally:
             bar.close()
+            if self._vote is not None:
+                self._vote.close()
             if self.saver is not None:
                 self.saver.listener = None
         self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
@@ -335,6 +352,8 @@ class _Trainer:
         self.model.train()
         self._enter(EPOCH_START)  # until the first batch, as the loader starts its workers
         batches = self._fetched(self._on_device(self.data.epoch_batches()))
+        if self._settling:
+            batches = self._settled(batches)
         if self.plan.grad_accum == 1:  # the common case, on the shortest path
             for batch in batches:
                 self._train_batch(batch)
@@ -352,6 +371,17 @@ class _Trainer:
                 f" in epoch {self.data.epoch} (an iterator can be read only once: pass a "
                 "DataLoader or a list)" if self.data.epoch else ""))
         self._log(bar)
+
+    def _settled(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, the first of them first run once through DDP to settle its
+        buckets (see ``buckets``)."""
+        first = next(batches, _END)
+        if first is _END:
+            return
+        self._settling = False
+        settle_buckets(self.model, lambda: self._forward(first)[2])
+        yield first
+        yield from batches
 
     def _fetched(self, batches: Iterable[Any]) -> Iterator[Any]:
         """``batches``, the phase saying when the loop waits for the next one."""
@@ -560,8 +590,14 @@ class _Trainer:
 
     def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
         """After an interrupt: save where the run stands, say so, and stop the cell; after
-        a SIGTERM, save and let the process end."""
-        if self._preemption is not None and self._preemption.requested:
+        a SIGTERM, save and let the process end. In a process group the ranks first agree
+        (a step late) on whether any of them got SIGTERM, and stop together."""
+        asked = self._preemption is not None and self._preemption.requested
+        if self._vote is not None:
+            asker = self._vote.agree(asked)
+            if asker is not None:
+                self._end_preempted(bar, asker)
+        elif asked:
             self._end_preempted(bar)
         if self._interrupt is None or not self._interrupt.requested:
             return
@@ -593,21 +629,27 @@ class _Trainer:
         self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
         return True
 
-    def _end_preempted(self, bar: Progress) -> None:
-        """At a step boundary after a SIGTERM: save, say so, and let the signal end the
-        process."""
+    def _end_preempted(self, bar: Progress, asker: int | None = None) -> None:
+        """At a step boundary after a SIGTERM (to rank ``asker`` of the group, if not to
+        this process): save, say so, and let the signal end the process; a rank that did
+        not get the signal raises GroupStopped."""
         self._read_losses()
-        line = self._say_preempted(bar, rng_states=None)
+        line = self._say_preempted(bar, rng_states=None, asker=asker)
         self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
         assert self._preemption is not None
+        if not self._preemption.requested:
+            raise GroupStopped(f"{line} (rank {asker} got SIGTERM; this rank ends so that "
+                               "the group can restart without it)")
         self._preemption.end()
         raise KeyboardInterrupt(line)  # the signal's handler let the process live
 
-    def _say_preempted(self, bar: Progress, rng_states: dict[str, Any] | None) -> str:
+    def _say_preempted(self, bar: Progress, rng_states: dict[str, Any] | None,
+                       asker: int | None = None) -> str:
         """Save where the run stands (the generators at ``rng_states``) and say so."""
-        bar.say(f"ipycloud.fit: SIGTERM at step {self.step}: the machine is going away")
-        self.followers.tell("happened", "sigterm",
-                            f"SIGTERM at step {self.step}: the machine is going away")
+        who = "" if asker is None else f" to rank {asker}"
+        news = f"SIGTERM{who} at step {self.step}: the machine is going away"
+        bar.say(f"ipycloud.fit: {news}")
+        self.followers.tell("happened", "sigterm", news)
         if self.manager is None:
             line = (f"ipycloud.fit: stopped at step {self.step}; no checkpoint= was given, so "
                     "the run is lost with the process")
@@ -616,7 +658,8 @@ class _Trainer:
                             copy_wait_s=PREEMPTED_COPY_WAIT_S)
             line = f"ipycloud.fit: saved step {self.step}; rerun this cell to continue"
         bar.close()
-        print(line, flush=True)
+        if self.main:
+            print(line, flush=True)
         return line
 
     def _total_steps(self) -> int | None:
@@ -784,6 +827,33 @@ class _Trainer:
                                             epoch=self.data.epoch, best=best))
 
     def _resume(self, manager: Any, resume: bool | str | int) -> Any:
+        """The checkpoint the run continues from, loaded; None to start afresh. In a
+        process group the first rank chooses and loads it, and the others load the one
+        it loaded: a rank that looked for itself could see another (one being written,
+        or the first rank's lease making the run look like another process's)."""
+        if self.dist is None or self.dist.world_size == 1:
+            which = self._choose_checkpoint(manager, resume)
+            return None if which is None else self._load_checkpoint(manager, which)
+        import torch.distributed as dist
+
+        chosen: list[Any] = [None]
+        info = None
+        if self.main:
+            try:
+                which = self._choose_checkpoint(manager, resume)
+                info = None if which is None else self._load_checkpoint(manager, which)
+                chosen[0] = None if info is None else info.name
+            except Exception as error:
+                chosen[0] = error
+        dist.broadcast_object_list(chosen, src=0)
+        if isinstance(chosen[0], Exception):
+            raise chosen[0]
+        if self.main or chosen[0] is None:
+            return info
+        return self._load_checkpoint(manager, chosen[0])
+
+    def _choose_checkpoint(self, manager: Any, resume: bool | str | int) -> Any:
+        """What ``resume`` asks to load from ``manager``'s folder, or None to start afresh."""
         if resume is False:
             return None
         try:
@@ -803,10 +873,13 @@ class _Trainer:
                                f"{manager.directory} belong to a run that another live "
                                f"process ({names}) writes")
             return None
+        return "latest" if resume == "auto" or resume is True else resume
+
+    def _load_checkpoint(self, manager: Any, which: Any) -> Any:
+        """Load checkpoint ``which`` into the live objects and the run's position."""
         scheduled = self.scheduler is not None
         before = resuming.hyper_parameters(self.optimizer, scheduled)
         state = self._state()
-        which = "latest" if resume == "auto" or resume is True else resume
         try:
             info = manager.load(state, which=which, map_location="cpu")
         except CheckpointMismatchError as error:
