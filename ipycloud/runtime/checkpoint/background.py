@@ -8,6 +8,9 @@ on what the loop leaves idle. Whoever waits for the write gives it normal priori
 first, so waiting for it never takes longer than the write itself. Where the policy is
 not available (other systems, a sandbox refusing it), the writer runs at normal priority.
 The same holds for the writer process (``writer_process``), which this thread waits for.
+Idle priority lasts IDLE_PRIORITY_S at most: where training keeps every core busy (more
+ranks than cores, busy DataLoader workers), an idle writer would never run, and a save
+taken minutes ago would still be unwritten when the machine goes away.
 
 A background write pays off when a core is left for it: training runs on an accelerator,
 or torch's threads leave a core free. When the state is in host memory (training on the
@@ -25,6 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ipycloud.runtime.checkpoint.state import map_tensors
+
+IDLE_PRIORITY_S = 2.0  # a background save runs at idle priority this long at most
 
 
 class BackgroundWriter:
@@ -66,8 +71,8 @@ class BackgroundWriter:
         """Whether work handed to the thread is not finished yet."""
         return self._owner == os.getpid() and not self._done.is_set()
 
-    def join(self) -> None:
-        """Give the thread normal priority and wait for the work handed to it."""
+    def hurry(self) -> None:
+        """Give the thread normal priority until its current work is done."""
         if self._owner != os.getpid():
             return  # the owner's thread is not in this process
         with self._lock:
@@ -75,6 +80,12 @@ class BackgroundWriter:
             if self._idle_id is not None:
                 set_idle(self._idle_id, False)
                 self._idle_id = None
+
+    def join(self) -> None:
+        """Give the thread normal priority and wait for the work handed to it."""
+        if self._owner != os.getpid():
+            return
+        self.hurry()
         self._done.wait()
 
     def close(self) -> None:

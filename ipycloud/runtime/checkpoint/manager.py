@@ -13,6 +13,7 @@ import pickle
 import re
 import shutil
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -24,6 +25,7 @@ from ipycloud._version import __version__
 from ipycloud.runtime._optional import is_available, require
 from ipycloud.runtime.checkpoint import catalog, integrity, rng, runs, writer_process
 from ipycloud.runtime.checkpoint.background import (
+    IDLE_PRIORITY_S,
     BackgroundWriter,
     background_pays_off,
     tensor_devices,
@@ -193,6 +195,9 @@ class CheckpointManager:
                                        directory=self.directory, sequence=0,
                                        status=catalog.WRITING, **details)
         self._writer.submit(lambda: self._write_in_background(details, staged, write_data))
+        deadline = threading.Timer(IDLE_PRIORITY_S, self._hurry)
+        deadline.daemon = True
+        deadline.start()
         return None
 
     def _in_background(self, blocking: Blocking, devices: set[str]) -> bool:
@@ -248,10 +253,15 @@ class CheckpointManager:
         """Whether an asynchronous save is still being written (``wait()`` would block)."""
         return self._writer.busy()
 
-    def wait(self) -> CheckpointInfo | None:
-        """Wait for an asynchronous save; raise its failure; return the last checkpoint written."""
+    def _hurry(self) -> None:
+        """Give an asynchronous save normal CPU priority (its thread and writer process)."""
         if self._process is not None and self._process.owned_here():
             self._process.hurry()
+        self._writer.hurry()
+
+    def wait(self) -> CheckpointInfo | None:
+        """Wait for an asynchronous save; raise its failure; return the last checkpoint written."""
+        self._hurry()
         self._writer.join()
         failure, self._failure = self._failure, None
         if isinstance(failure, CheckpointStorageError):

@@ -85,6 +85,15 @@ class EpochData:
         or before a resume (by any number of processes)."""
         return self._consumed() > 0 if self._sampler is not None else self.batches > 0
 
+    def at_epoch_end(self) -> bool:
+        """Whether this epoch's data is all consumed (known only for data with a length)."""
+        if self._sampler is not None:
+            return self._consumed() >= self._sampler.units()
+        try:
+            return self.batches >= len(self._source)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+
     def next_epoch(self) -> None:
         self.epoch, self.batches, self._start = self.epoch + 1, 0, 0
 

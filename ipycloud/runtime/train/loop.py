@@ -338,7 +338,9 @@ class _Trainer:
             self._save_last(manager, bar)
 
     def _between_steps(self, manager: Any, bar: Progress) -> None:
-        if manager is not None and self._checkpoint_due():
+        # A save due at an epoch's last step waits for the epoch's end, a moment later,
+        # where it is taken with the epoch's metrics (and is not taken twice).
+        if manager is not None and self._checkpoint_due() and not self.data.at_epoch_end():
             self._save(manager, blocking="auto")
         if self.main:
             self._auto_checkpoint(bar)
