@@ -262,7 +262,9 @@ def run_under_torchrun(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
     Initialises the process group from torchrun's environment (NCCL on NVIDIA GPUs with
     ``torch.cuda.set_device(LOCAL_RANK)``, gloo otherwise) unless one is already
-    initialised, and destroys the group it created when ``fn`` ends.
+    initialised, and destroys the group it created when ``fn`` ends, once every rank has
+    returned. Start the script with ``ipycloud torchrun`` (torchrun whose restarts never
+    hang); a rank warns when its torchrun could hang.
     """
     missing = [name for name in _TORCHRUN_ENV if name not in os.environ]
     if missing:
@@ -281,7 +283,13 @@ def run_under_torchrun(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     if owns_group:
         dist.init_process_group(backend)
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        if owns_group:
+            # No rank leaves while another still works (the first rank's final save): a
+            # peer's closed connections would fail that rank, and its agent would restart
+            # a group whose other ranks have ended.
+            dist.barrier()
+        return result
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()

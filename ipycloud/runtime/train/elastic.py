@@ -13,6 +13,7 @@ store of its own, and restarts and scale-downs go through.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 
@@ -29,7 +30,8 @@ def torchrun(arguments: Sequence[str]) -> int:
 
     try:
         run.main(list(arguments))
-    except ChildFailedError:  # torchrun has printed which worker failed and how
+    except ChildFailedError as error:  # which worker failed and how, as torchrun says it
+        print(error.format_msg(), file=sys.stderr)
         return 1
     return 0
 
