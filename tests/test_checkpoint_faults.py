@@ -87,8 +87,8 @@ def test_a_folder_failing_mid_run_never_ends_it_and_gets_the_newest_back(
     last_line = capsys.readouterr().out.strip().splitlines()[-1]
     assert last_line == f"ipycloud.fit: the newest checkpoint is step 24, in {folder}"
     steps = [info.step for info in CheckpointManager(folder, fallback=None).list()]
-    assert steps == [20, 24, 24]  # after 16 came back the folder took the saves (the last
-    # two are the end of the epoch before and after its end: validation, epoch count)
+    assert steps == [16, 20, 24]  # after 16 came back the folder took the saves (24, the
+    # epoch's last step, saved once, at its end)
     restored = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
     assert manager_for(folder).load({"model": restored}, strict=False).step == 24
     assert differences(restored.state_dict(), whole.state_dict()) == []
@@ -112,7 +112,7 @@ def test_a_folder_that_never_answers_leaves_the_newest_on_this_machine(
     assert last_line.startswith(f"ipycloud.fit: the newest checkpoint is step 24, in "
                                 f"{fallback} on this machine only: {folder} did not take it")
     assert [info.step for info in CheckpointManager(fallback, fallback=None).list()] == [
-        20, 24, 24]
+        16, 20, 24]
     # Rerun with the folder still read-only: it resumes from the newest, wherever it is.
     _, again = train(folder, progress=True)
     assert "already complete at step 24" in capsys.readouterr().out
