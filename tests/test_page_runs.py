@@ -16,7 +16,7 @@ from test_webpage import get, get_json
 
 from ipycloud.runtime.monitor.webpage import PageServer
 
-SUMMARY_KEYS = {"id", "status", "notebook", "host", "pid", "kernel", "folder", "log",
+SUMMARY_KEYS = {"id", "status", "notebook", "host", "remote", "pid", "kernel", "folder", "log",
                 "started", "updated", "step", "total_steps", "epoch", "epochs",
                 "steps_per_s", "eta_s", "session_left_s", "last_loss", "best", "reason",
                 "events", "checkpoints", "device", "model"}

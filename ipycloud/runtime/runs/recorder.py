@@ -97,7 +97,7 @@ class RunRecorder:
 
 def this_process() -> dict[str, Any]:
     """Who runs the run: process, host, Jupyter kernel, notebook, platform (with the time
-    left in its session), versions."""
+    left in its session), torchrun's restarts, versions."""
     import psutil
 
     from ipycloud.runtime.machine.platform import detect_platform
@@ -111,8 +111,20 @@ def this_process() -> dict[str, Any]:
             "kernel": kernel, "notebook": _notebook(kernel), "platform": platform.name,
             "session_left_s": None if limit is None else round(limit - (time.time() - started),
                                                                1),
+            "restarts": torchrun_restarts(),
             "versions": {"ipycloud": __version__,
                          "torch": getattr(torch, "__version__", None)}}
+
+
+def torchrun_restarts() -> dict[str, int] | None:
+    """How many times torchrun restarted this process's group (``count``) and may at most
+    (``max``), from the variables it sets (TORCHELASTIC_RESTART_COUNT and
+    TORCHELASTIC_MAX_RESTARTS); None outside torchrun."""
+    try:
+        return {"count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+                "max": int(os.environ["TORCHELASTIC_MAX_RESTARTS"])}
+    except (KeyError, ValueError):
+        return None
 
 
 def kernel_id(argv: list[str] | None = None) -> str | None:
