@@ -10,13 +10,14 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from ipycloud.runtime.runs import read_run, runs
+from ipycloud.runtime.runs import RunsTable, read_run, runs
 from ipycloud.runtime.runs.records import RECORD_FOLDER
 from ipycloud.runtime.runs.summary import STALE_S, RunSummary, progress_line, summarize
 
@@ -145,3 +146,9 @@ def test_runs_of_a_folder_give_each_runs_current_host(tmp_path: Path) -> None:
     judged(tmp_path, moved_to_node_b(gone_pid()), now=T0)
     [run] = runs(tmp_path)
     assert (run.host, run.status) == ("node-b", "lost")  # written in 2023: long stale
+
+    header, row = str(RunsTable([run], "in the bucket")).splitlines()[1:]
+    assert header.split()[:5] == ["run", "status", "notebook", "host", "step"]
+    assert row.split()[:5] == [RUN, "lost", "train.py", "node-b", "14/40"]
+    assert "host" not in str(RunsTable([replace(run, start={**run.start, "host": HERE})],
+                                       "here"))  # no column where every run is here
