@@ -147,8 +147,9 @@ def test_runs_of_a_folder_give_each_runs_current_host(tmp_path: Path) -> None:
     [run] = runs(tmp_path)
     assert (run.host, run.status) == ("node-b", "lost")  # written in 2023: long stale
 
-    header, row = str(RunsTable([run], "in the bucket")).splitlines()[1:]
+    here = replace(run, id="0123456789ab", start={**run.start, "host": HERE})
+    header, remote, local = str(RunsTable([run, here], "in the bucket")).splitlines()[1:]
     assert header.split()[:5] == ["run", "status", "notebook", "host", "step"]
-    assert row.split()[:5] == [RUN, "lost", "train.py", "node-b", "14/40"]
-    assert "host" not in str(RunsTable([replace(run, start={**run.start, "host": HERE})],
-                                       "here"))  # no column where every run is here
+    assert remote.split()[:5] == [RUN, "lost", "train.py", "node-b", "14/40"]
+    assert local.split()[:5] == ["0123456789ab", "lost", "train.py", HERE, "14/40"]
+    assert "host" not in str(RunsTable([here], "here"))  # no column where every run is here
