@@ -73,12 +73,14 @@ class Meanwhile:
         self.log, self.chunks = log, list(chunks)
         self.seconds = seconds or [1.0] * len(chunks)
         self.now = 0.0
+        self.pauses: list[float] = []
 
     def clock(self) -> float:
         return self.now
 
-    def __call__(self, interval: float) -> None:
-        assert interval == 1.0 and self.chunks, "followed past the end of the run"
+    def __call__(self, pause: float) -> None:
+        assert self.chunks, "followed past the end of the run"
+        self.pauses.append(pause)
         self.now += self.seconds.pop(0)
         chunk = self.chunks.pop(0)
         if callable(chunk):
@@ -87,11 +89,12 @@ class Meanwhile:
             append(self.log, *chunk)
 
 
-def follow_in_text(folder: Path, meanwhile: Meanwhile,
-                   run: str | None = None) -> tuple[RunSummary, list[str]]:
+def follow_in_text(folder: Path, meanwhile: Meanwhile, run: str | None = None,
+                   cpu_per_look: float = 0.001) -> tuple[RunSummary, list[str]]:
     out = io.StringIO()
+    cpu = iter(range(10_000))
     summary = follow_run(folder, run, view=TextView(out, clock=meanwhile.clock),
-                         sleep=meanwhile)
+                         sleep=meanwhile, cpu_clock=lambda: next(cpu) * cpu_per_look)
     return summary, out.getvalue().splitlines()
 
 
@@ -128,6 +131,16 @@ def test_a_run_that_fails_on_one_host_and_goes_on_on_another_is_followed_to_its_
         f"{at(T + 13)} run {RUN}: finished on node-b · step 40/40 · epoch 2/2 · loss 0.1"]
     assert (summary.status, summary.host) == ("finished", "node-b")
     assert meanwhile.chunks == []
+    assert meanwhile.pauses == [1.0] * 5  # a look a second
+
+
+def test_looks_that_cost_more_than_a_hundredth_of_a_second_are_spaced_out(
+        tmp_path: Path) -> None:
+    log = log_of(tmp_path)
+    append(log, start(T, "node-a", 5), step(2, T + 1))
+    meanwhile = Meanwhile(log, [step(4, T + 2)], [end("finished", T + 3, 40)])
+    follow_in_text(tmp_path, meanwhile, cpu_per_look=0.05)  # a record of a million steps
+    assert meanwhile.pauses == pytest.approx([5.0, 5.0])  # 1% of a core
 
 
 def test_the_newest_run_is_followed_unless_one_is_named(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
 """A run of ``fit`` followed from its record until it ends, wherever it trains: the record
 is looked at every INTERVAL_S seconds (only what was appended is read) and each look is
-shown by a view: a notebook front's live curves, or ``TextView``'s progress lines.
+shown by a view: a notebook front's live curves, or ``TextView``'s progress lines. A look
+sums the whole run up again, which takes longer as the record grows (some 60 ms at a
+hundred thousand lines): the looks are spaced so that following takes at most BUSY_SHARE
+of a core, every few seconds for a run that long.
 
 Following names the run in the user's index of runs as followed by this process, so the
 fronts that list this machine's runs (``runs()``, the Jupyter server of this kernel) list
@@ -23,7 +26,8 @@ from ipycloud.runtime.runs.recorder import kernel_id
 from ipycloud.runtime.runs.summary import LIVE, RunSummary, progress_line
 from ipycloud.runtime.runs.watch import Change, RunWatch, find_log
 
-INTERVAL_S = 1.0  # between two looks at the record
+INTERVAL_S = 1.0  # between two looks at the record, at least
+BUSY_SHARE = 0.01  # of a core that looking and showing take, at most
 TEXT_EVERY_S = 30.0  # between two progress lines of a TextView while only steps come
 
 
@@ -43,14 +47,16 @@ class View(Protocol):
 
 def follow_run(folder: str | os.PathLike[str], run: str | None = None,
                view: View | None = None, interval: float = INTERVAL_S,
-               sleep: Callable[[float], None] = time.sleep) -> RunSummary:
+               sleep: Callable[[float], None] = time.sleep,
+               cpu_clock: Callable[[], float] = time.thread_time) -> RunSummary:
     """Show the run ``run`` (an id; None: the newest) recorded in the checkpoint
     ``folder`` on ``view`` (default: a TextView) until it ends, and return how it ended.
-    Raises the one-line errors of ``find_log``, and FollowStopped on an interrupt."""
+    ``cpu_clock`` (seconds) measures what each look costs, to space them. Raises the
+    one-line errors of ``find_log``, and FollowStopped on an interrupt."""
     watch = RunWatch(find_log(folder, run))
     view = TextView() if view is None else view
     try:
-        return _follow(watch, view, interval, sleep)
+        return _follow(watch, view, interval, sleep, cpu_clock)
     except KeyboardInterrupt:
         line = f"stopped following run {watch.summary.id} (it goes on): " \
                f"{progress_line(watch.summary)}"
@@ -58,11 +64,12 @@ def follow_run(folder: str | os.PathLike[str], run: str | None = None,
         raise FollowStopped(line).with_traceback(None) from None
 
 
-def _follow(watch: RunWatch, view: View, interval: float,
-            sleep: Callable[[float], None]) -> RunSummary:
+def _follow(watch: RunWatch, view: View, interval: float, sleep: Callable[[float], None],
+            cpu_clock: Callable[[], float]) -> RunSummary:
     failure: OSError | None = None
     noted = waiting = False
     while True:
+        began = cpu_clock()
         change = watch.look()
         if watch.failure is not None and failure is None:
             view.say(f"cannot read {watch.log} ({watch.failure.strerror or watch.failure}); "
@@ -80,7 +87,7 @@ def _follow(watch: RunWatch, view: View, interval: float,
         elif not waiting and failure is None:  # a log its writer has only just made
             view.say(f"waiting for the first record of run {watch.summary.id}")
             waiting = True
-        sleep(interval)
+        sleep(max(interval, (cpu_clock() - began) / BUSY_SHARE))
 
 
 def _note_follower(watch: RunWatch) -> None:
