@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
-from kernels import kernel
+from kernels import cell_messages, drawings, kernel, stream
+from test_live_curves import Clock, Screen
 from waiting import wait_for
 
 from ipycloud.notebook.following import FollowedCurves
@@ -31,22 +32,6 @@ HERE = Path(__file__).parent
 SVG = "{http://www.w3.org/2000/svg}"
 RUN = "a1b2c3d4e5f6"
 T = float(int(time.time()))  # recent: a run on another host is fresh for 10 minutes
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Screen:
-    def __init__(self) -> None:
-        self.shown: list[str] = []
-
-    def show(self, html: str) -> None:
-        self.shown.append(html)
 
 
 def append(log: Path, *lines: dict[str, Any]) -> None:
@@ -141,40 +126,8 @@ def test_a_resume_drops_the_steps_it_redid_from_the_curves(
 # -- in a real kernel ------------------------------------------------------------------------
 
 
-def outputs(client: BlockingKernelClient, code: str,
-            on_output: Callable[[dict[str, Any]], None] = lambda message: None
-            ) -> tuple[list[dict[str, Any]], str]:
-    """The output messages of ``code`` until the kernel is idle, and the status of its
-    reply; ``on_output`` is called with each as it comes."""
-    message_id = client.execute(code)
-    received: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
-        if message["parent_header"].get("msg_id") != message_id:
-            continue
-        kind = message["msg_type"]
-        if kind == "status" and message["content"]["execution_state"] == "idle":
-            reply = client.get_shell_msg(timeout=10)
-            while reply["parent_header"].get("msg_id") != message_id:
-                reply = client.get_shell_msg(timeout=10)
-            return received, reply["content"]["status"]
-        if kind in ("stream", "display_data", "update_display_data", "error"):
-            received.append(message)
-            on_output(message)
-    raise AssertionError("the cell did not finish")
-
-
-def drawings(received: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(message type, display id, HTML) of each output that holds an SVG chart."""
-    return [(message["msg_type"], message["content"]["transient"].get("display_id", ""),
-             message["content"]["data"]["text/html"]) for message in received
-            if "<svg" in message["content"].get("data", {}).get("text/html", "")]
-
-
 def stdout(received: list[dict[str, Any]]) -> str:
-    return "".join(message["content"]["text"] for message in received
-                   if message["msg_type"] == "stream" and message["content"]["name"] == "stdout")
+    return stream(received, "stdout")
 
 
 @pytest.fixture
@@ -193,7 +146,8 @@ def test_a_training_process_is_followed_to_its_end_in_one_output(
     try:
         wait_for(lambda: any(records.read_records(log, torn_tail=False) for log in
                              folder.glob(f"{RECORD_FOLDER}/*.jsonl")), 120, "its first record")
-        received, status = outputs(client, f"import ipycloud\nipycloud.follow({str(folder)!r})")
+        received, status = cell_messages(
+            client, f"import ipycloud\nipycloud.follow({str(folder)!r})")
         assert training.wait(timeout=120) == 0
     finally:
         training.kill()
@@ -224,13 +178,13 @@ def test_the_stop_button_stops_the_following_with_its_line(
 
     line = (f"stopped following run {RUN} (it goes on): running on node-a · step 10/100 (10%) "
             "· epoch 1/1 · loss 0.9\n")
-    received, status = outputs(client, cell, stop_once_drawn)
+    received, status = cell_messages(client, cell, stop_once_drawn)
     errors = [message["content"] for message in received if message["msg_type"] == "error"]
     assert status == "error" and [error["ename"] for error in errors] == ["FollowStopped"]
     assert stdout(received) == line
 
-    outputs(client, "%load_ext ipycloud")
-    received, status = outputs(client, cell, stop_once_drawn)
+    cell_messages(client, "%load_ext ipycloud")
+    received, status = cell_messages(client, cell, stop_once_drawn)
     assert status == "error"  # the cell stopped: Run All stops there
     assert [message for message in received if message["msg_type"] == "error"] == []
     assert stdout(received) == line
@@ -243,7 +197,7 @@ def test_in_another_thread_of_a_kernel_it_prints_lines(
     append(tmp_path / RECORD_FOLDER / f"{RUN}.jsonl", start(T), step(10, T + 1, 0.9),
            {"t": T + 2, "kind": "end", "status": "finished", "reason": None, "step": 100,
             "epoch": 1, "best": None})
-    received, status = outputs(client, (
+    received, status = cell_messages(client, (
         "import threading, ipycloud\n"
         f"worker = threading.Thread(target=ipycloud.follow, args=({str(tmp_path)!r},))\n"
         "worker.start(); worker.join()"))
