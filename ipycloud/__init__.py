@@ -22,6 +22,7 @@ _LAZY_ATTRIBUTES = {
     "fit": "ipycloud.runtime.train.loop",
     "History": "ipycloud.runtime.train.history",
     "runs": "ipycloud.runtime.runs",
+    "follow": "ipycloud.notebook.following",
     "loader": "ipycloud.runtime.train.data",
     "launch": "ipycloud.runtime.train.distributed",
     "run_under_torchrun": "ipycloud.runtime.train.distributed",

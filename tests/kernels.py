@@ -3,7 +3,8 @@ cell by cell through jupyter_client."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,41 @@ def run(client: BlockingKernelClient, code: str) -> str:
     reply = client.execute_interactive(code, timeout=60, output_hook=collect)
     assert reply["content"]["status"] == "ok", "".join(texts)
     return "".join(texts)
+
+
+def cell_messages(client: BlockingKernelClient, code: str,
+                  on_message: Callable[[dict[str, Any]], None] = lambda message: None,
+                  timeout: float = 120.0) -> tuple[list[dict[str, Any]], str]:
+    """Execute ``code``: the output messages it sent (stream, display_data,
+    update_display_data, error) until the kernel was idle again, and the status of its
+    reply; ``on_message`` is called with each as it comes."""
+    message_id = client.execute(code)
+    received: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
+        if message["parent_header"].get("msg_id") != message_id:
+            continue
+        kind = message["msg_type"]
+        if kind == "status" and message["content"]["execution_state"] == "idle":
+            reply = client.get_shell_msg(timeout=10)
+            while reply["parent_header"].get("msg_id") != message_id:  # an earlier request's
+                reply = client.get_shell_msg(timeout=10)
+            return received, reply["content"]["status"]
+        if kind in ("stream", "display_data", "update_display_data", "error"):
+            received.append(message)
+            on_message(message)
+    raise AssertionError(f"the cell did not finish in {timeout} s")
+
+
+def drawings(received: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(message type, display id, HTML) of each output that holds an SVG chart."""
+    return [(message["msg_type"], message["content"]["transient"].get("display_id", ""),
+             message["content"]["data"]["text/html"]) for message in received
+            if "<svg" in message["content"].get("data", {}).get("text/html", "")]
+
+
+def stream(received: list[dict[str, Any]], name: str) -> str:
+    """The text ``received`` printed on the stream ``name`` (stdout, stderr)."""
+    return "".join(message["content"]["text"] for message in received
+                   if message["msg_type"] == "stream" and message["content"]["name"] == name)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from checkpoint_helpers import differences
 from jupyter_client.blocking.client import BlockingKernelClient
-from kernels import kernel, run
+from kernels import cell_messages, kernel, run
 
 TRAINING_CELL = """\
 import time, torch, ipycloud
@@ -39,30 +39,21 @@ def interrupted(manager: Any, client: BlockingKernelClient,
                 code: str) -> tuple[str, list[str], str]:
     """Run ``code``, press Stop once training has begun; (its text, the name and traceback
     lines of the error it showed, the status of its reply)."""
-    message_id = client.execute(code)
     texts: list[str] = []
-    error: list[str] = []
-    stopped = False
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
-        if message["parent_header"].get("msg_id") != message_id:
-            continue
-        content = message["content"]
-        if message["msg_type"] == "stream":
-            texts.append(content["text"])
-            if not stopped and "ipycloud.fit: starting" in "".join(texts):
-                time.sleep(0.5)
-                manager.interrupt_kernel()
-                stopped = True
-        elif message["msg_type"] == "error":
-            error = [content["ename"], *content["traceback"]]
-        elif message["msg_type"] == "status" and content["execution_state"] == "idle":
-            reply = client.get_shell_msg(timeout=10)
-            while reply["parent_header"].get("msg_id") != message_id:  # an earlier request's
-                reply = client.get_shell_msg(timeout=10)
-            return "".join(texts), error, reply["content"]["status"]
-    raise AssertionError("the cell did not finish: " + "".join(texts))
+
+    def stop_once_training(message: dict[str, Any]) -> None:
+        if message["msg_type"] != "stream":
+            return
+        begun = "ipycloud.fit: starting" in "".join(texts)
+        texts.append(message["content"]["text"])
+        if not begun and "ipycloud.fit: starting" in "".join(texts):
+            time.sleep(0.5)
+            manager.interrupt_kernel()
+
+    received, status = cell_messages(client, code, stop_once_training)
+    error = [[message["content"]["ename"], *message["content"]["traceback"]]
+             for message in received if message["msg_type"] == "error"]
+    return "".join(texts), error[-1] if error else [], status
 
 
 def test_the_stop_button_pauses_fit_and_the_rerun_continues_bit_for_bit(

@@ -37,6 +37,11 @@ def test_load_ext_imports_no_heavy_package() -> None:
     assert imported_modules(code) & HEAVY == set()
 
 
+def test_following_a_run_imports_no_heavy_package() -> None:
+    """A notebook that only follows a run trained elsewhere needs no torch."""
+    assert imported_modules("import ipycloud; ipycloud.follow") & HEAVY == set()
+
+
 def test_the_measurement_does_see_heavy_imports() -> None:
     """The check above can fail: a probe that queries NVML is seen importing pynvml."""
     code = "import ipycloud.runtime.machine.nvml as n; n.snapshot()"
@@ -48,7 +53,7 @@ def test_public_names_load_on_first_use() -> None:
 
     assert callable(ipycloud.environment_report)
     for name in ("fit", "loader", "launch", "CheckpointManager", "History", "mount", "download",
-                 "extract", "sync"):
+                 "extract", "sync", "follow"):
         assert getattr(ipycloud, name).__name__ == name
     assert ipycloud.detect_platform().key
     with pytest.raises(AttributeError, match="no attribute 'nope'"):

@@ -2,7 +2,7 @@
 section follows it, across a reload of the page while the kernel is busy in its cell, and
 the chart view draws its loss with axes and values under the cursor. A second run, one of
 another machine whose log lies in a synced folder under the server's root, will not finish
-before its session ends: its row says so.
+before its session ends: its row says so, and names the machine.
 
 The lab extension is this checkout's build (``ipycloud/labextension/``), put first on
 ``JUPYTER_PATH``. Screenshots are kept as test artefacts (``browser.ARTIFACTS``).
@@ -129,6 +129,10 @@ def test_a_run_shows_live_in_the_panel_and_its_charts_across_a_reload(jupyter_la
             row.wait_for(timeout=60_000)
             remote = panel.locator(f'[data-ipycloud-run-id="{REMOTE_RUN}"]')
             assert remote.get_attribute("data-ipycloud-late") == "true"
+            host = remote.locator('[data-ipycloud-run-field="host"]')
+            assert (host.inner_text(), host.is_visible()) == ("on elsewhere", True)
+            here = row.locator('[data-ipycloud-run-field="host"]')
+            assert (here.inner_text(), here.is_visible()) == ("", False)  # this machine's
             eta = remote.locator('[data-ipycloud-run-field="eta"]').inner_text()
             # 86 400 steps at 1 step/s, against what is left of the hour the session had
             assert re.fullmatch(r"ETA 24 h 00 min — session ends in (1 h 00|[1-5]?\d) min: "

@@ -3,12 +3,11 @@ thread only, reached through ``ipycloud.fit`` or after ``%load_ext ipycloud``.""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 from jupyter_client.blocking.client import BlockingKernelClient
-from kernels import kernel
+from kernels import cell_messages, drawings, kernel, stream
 
 TRAINING = """
 import torch
@@ -31,33 +30,11 @@ worker.join()
 
 def messages(client: BlockingKernelClient, code: str) -> list[dict[str, Any]]:
     """The output messages ``code`` sent, until the kernel is idle again; fails on an error."""
-    message_id = client.execute(code)
-    received: list[dict[str, Any]] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        message = client.get_iopub_msg(timeout=deadline - time.monotonic())
-        if message["parent_header"].get("msg_id") != message_id:
-            continue
-        kind, content = message["msg_type"], message["content"]
-        if kind == "error":
-            raise AssertionError("\n".join(content["traceback"]))
-        if kind == "status" and content["execution_state"] == "idle":
-            return received
-        if kind in ("stream", "display_data", "update_display_data"):
-            received.append(message)
-    raise AssertionError("the cell did not finish")
-
-
-def drawings(received: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """(message type, display id, HTML) of each output that holds an SVG chart."""
-    return [(message["msg_type"], message["content"]["transient"].get("display_id", ""),
-             message["content"]["data"]["text/html"]) for message in received
-            if "<svg" in message["content"].get("data", {}).get("text/html", "")]
-
-
-def stream(received: list[dict[str, Any]], name: str) -> str:
-    return "".join(message["content"]["text"] for message in received
-                   if message["msg_type"] == "stream" and message["content"]["name"] == name)
+    received, _ = cell_messages(client, code)
+    for message in received:
+        if message["msg_type"] == "error":
+            raise AssertionError("\n".join(message["content"]["traceback"]))
+    return received
 
 
 def assert_drawn_in_place(found: list[tuple[str, str, str]]) -> None:

@@ -15,8 +15,9 @@ import pytest
 from test_webpage import get, get_json
 
 from ipycloud.runtime.monitor.webpage import PageServer
+from ipycloud.runtime.runs import records
 
-SUMMARY_KEYS = {"id", "status", "notebook", "host", "pid", "kernel", "folder", "log",
+SUMMARY_KEYS = {"id", "status", "notebook", "host", "remote", "pid", "kernel", "folder", "log",
                 "started", "updated", "step", "total_steps", "epoch", "epochs",
                 "steps_per_s", "eta_s", "session_left_s", "last_loss", "best", "reason",
                 "events", "checkpoints", "device", "model"}
@@ -78,6 +79,15 @@ def test_runs_lists_this_processs_runs_only(page_server: PageServer,
     assert run["last_loss"] == 0.25
     assert (run["events"], run["checkpoints"]) == (1, 1)
     assert run["model"] == "Net" and run["notebook"] == "train.ipynb"
+
+
+def test_a_run_this_process_follows_is_listed_too(page_server: PageServer,
+                                                  lines: list[dict[str, Any]],
+                                                  state: Path) -> None:
+    log = state / "checkpoints" / ".ipycloud-runs" / f"{OTHERS}.jsonl"
+    records.add_follower(OTHERS, log, {"pid": os.getpid(), "host": socket.gethostname(),
+                                       "kernel": None})  # as ipycloud.follow does
+    assert {run["id"] for run in get_json(page_server, "runs")["runs"]} == {MINE, OTHERS}
 
 
 def test_a_run_gives_its_records_after_since(page_server: PageServer,

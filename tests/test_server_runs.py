@@ -1,7 +1,8 @@
 """The runs a real Jupyter server with ipycloud's extension serves: those of its kernels
-found through the user's index of runs, those whose logs lie under its root folder (hidden
-and ignored folders skipped, the walk bounded), one run's records after a time, and the
-mistakes a client can make."""
+found through the user's index of runs (started there, or followed there with
+``ipycloud.follow`` from a bucket outside its root), those whose logs lie under its root
+folder (hidden and ignored folders skipped, the walk bounded), one run's records after a
+time, and the mistakes a client can make."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_server.auth import Authorizer
+from kernels import run
 from server_fixtures import *  # noqa: F403
 from server_fixtures import Api
 
@@ -169,6 +173,36 @@ def test_runs_of_the_servers_kernels_are_found_through_the_index(
     api.wait(lambda: not api.get("kernels")["kernels"], what="the kernel to end")
     # a run whose kernel ended since is still the server's
     assert [run["id"] for run in api.get("runs")["runs"]] == [ELSEWHERE]
+
+
+def test_a_run_followed_in_a_kernel_is_listed_though_its_log_lies_outside_the_root(
+        api: Api, jp_serverapp: Any, tmp_path: Path) -> None:
+    kernel_id = api.post("api", "sessions", body={
+        "path": "follow.ipynb", "type": "notebook", "name": "follow.ipynb",
+        "kernel": {"name": "python3"}})["kernel"]["id"]
+    bucket = tmp_path / "mnt" / "bucket 'ck'"  # a bucket mounted outside the server's root
+    log = write_run(in_folder(bucket, ELSEWHERE), ELSEWHERE, ended=True, at=time.time() - 60)
+    lines = log.read_text().splitlines()
+    log.write_text("".join(line.replace(f'"host": "{socket.gethostname()}"', '"host": "node-b"')
+                           + "\n" for line in lines))  # written on a node of a cluster
+    assert api.get("runs")["runs"] == []
+
+    client = BlockingKernelClient()
+    client.load_connection_info(jp_serverapp.kernel_manager.get_kernel(kernel_id)
+                                .get_connection_info())
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        said = run(client, f"import ipycloud\nipycloud.follow({str(bucket)!r})")
+    finally:
+        client.stop_channels()
+    assert said == (f"<training curves>run {ELSEWHERE}: finished on node-b · step 3/100 (3%) · "
+                    "epoch 2/2 · loss 0.3333")  # its curves, then the summary it returned
+
+    [listed] = api.wait(lambda: api.get("runs")["runs"], what="the followed run listed")
+    assert (listed["id"], listed["host"], listed["remote"], listed["log"]) == (
+        ELSEWHERE, "node-b", True, str(log))
+    assert api.get(f"runs/{ELSEWHERE}")["run"]["status"] == "finished"
 
 
 def test_the_walk_is_bounded_and_follows_no_links(tmp_path: Path,

@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("folder", metavar="FOLDER", type=_path, nargs="?", default=None,
                       help="a checkpoint folder (default: the runs started on this machine)")
     runs.add_argument("--json", action="store_true", help="print the runs as JSON")
+    runs.add_argument("--follow", action="store_true",
+                      help="follow the newest run of FOLDER until it ends, with a progress "
+                           "line now and then; exit status 0 when it finished or stopped "
+                           "early, 1 when it failed, paused or was lost")
+    runs.add_argument("--run", metavar="ID", type=_run_id,
+                      help="with --follow: the run to follow (default: the newest)")
+    runs.set_defaults(mistake=runs.error)
 
     sync = _add(subcommands, "sync", commands.sync,
                 "copy what is new or changed in SRC to DST; nothing at DST is deleted unless "
@@ -127,6 +134,16 @@ def _path(text: str) -> str:
     """An argparse type: a path, never empty (an empty one would mean this folder)."""
     if not text:
         raise argparse.ArgumentTypeError("empty path: give a folder (. for this one)")
+    return text
+
+
+def _run_id(text: str) -> str:
+    """An argparse type: a run's id."""
+    from ipycloud.runtime.runs.records import RUN_ID
+
+    if not RUN_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is no run id: 12 hex digits, as "
+                                         "ipycloud runs FOLDER lists them")
     return text
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 
 from ipycloud.runtime.messages import one_line
@@ -69,10 +70,13 @@ def checkpoint_list(args: argparse.Namespace) -> int:
 
 def runs(args: argparse.Namespace) -> int:
     """``ipycloud runs [FOLDER]``: the runs recorded in a checkpoint folder, or every run
-    started on this machine, newest first, as a table or JSON."""
+    started or followed on this machine, newest first, as a table or JSON; with
+    ``--follow``, one run of FOLDER followed until it ends."""
     from ipycloud.runtime.runs import RunsTable
     from ipycloud.runtime.runs import runs as read_runs
 
+    if args.follow or args.run is not None:
+        return _follow(args)
     try:
         summaries = read_runs(args.folder)
     except OSError as error:
@@ -83,6 +87,28 @@ def runs(args: argparse.Namespace) -> int:
     where = "on this machine" if args.folder is None else f"in {args.folder}"
     print(RunsTable(summaries, where))
     return 0
+
+
+def _follow(args: argparse.Namespace) -> int:
+    """``ipycloud runs FOLDER --follow [--run ID]``: 0 when the run finished or stopped
+    early, 1 when it ended otherwise, 130 when interrupted."""
+    from ipycloud.runtime.runs import UnknownRunError
+    from ipycloud.runtime.runs.follow import FollowStopped, follow_run
+    from ipycloud.runtime.train.followers import FINISHED, STOPPED_EARLY
+
+    if not args.follow:
+        args.mistake("--run ID goes with --follow")
+    if args.folder is None:
+        args.mistake("--follow needs FOLDER, the checkpoint folder the run is recorded in")
+    if args.json:
+        args.mistake("--follow prints lines as the run goes: leave out --json")
+    try:
+        summary = follow_run(args.folder, args.run)
+    except (OSError, UnknownRunError) as error:
+        raise CommandError(one_line(error)) from None
+    except FollowStopped:
+        return 128 + signal.SIGINT
+    return 0 if summary.status in (FINISHED, STOPPED_EARLY) else 1
 
 
 def sync(args: argparse.Namespace) -> int:

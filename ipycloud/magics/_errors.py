@@ -1,6 +1,6 @@
 """Endings of a cell that need no traceback, though they are no mistake in a magic's line
 (UsageError is for those): a download that failed, shown as one line of its own kind, and
-an interrupted ``fit``, which has printed its one line already."""
+an interrupted ``fit`` or ``follow``, which has printed its one line already."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from IPython.core.interactiveshell import InteractiveShell
 
+from ipycloud.runtime.runs.follow import FollowStopped
 from ipycloud.runtime.train.interrupt import FitInterrupted
 
 
@@ -21,13 +22,15 @@ class DownloadFailed(MagicFailure):
     """A download (or the extraction of what it fetched) failed."""
 
 
-ENDINGS = (MagicFailure, FitInterrupted)
+QUIET_INTERRUPTS = (FitInterrupted, FollowStopped)  # each printed its line
+ENDINGS = (MagicFailure, *QUIET_INTERRUPTS)
 
 
 def show_without_traceback(ipython: InteractiveShell) -> None:
     """Make ``ipython`` end a cell on ``ENDINGS`` without a traceback: a MagicFailure as its
-    one line, a FitInterrupted with nothing more than the line it printed. Exceptions
-    another handler was set for (``set_custom_exc``) still go to that handler."""
+    one line, a FitInterrupted or FollowStopped with nothing more than the line it
+    printed. Exceptions another handler was set for (``set_custom_exc``) still go to that
+    handler."""
     earlier: tuple[type[BaseException], ...] = tuple(
         kind for kind in ipython.custom_exceptions if kind not in ENDINGS)
     earlier_handler = ipython.CustomTB
@@ -38,7 +41,7 @@ def show_without_traceback(ipython: InteractiveShell) -> None:
             # showtraceback(exception_only=True) would add a line about %tb
             shell._showtraceback(kind, error, shell.InteractiveTB.get_exception_only(kind, error))
             return None
-        if issubclass(kind, FitInterrupted):
+        if issubclass(kind, QUIET_INTERRUPTS):
             return None
         return earlier_handler(kind, error, traceback, tb_offset=tb_offset)
 

@@ -1,6 +1,7 @@
 """The runs of ``fit`` a server shows: those the user's index of runs gives for the server's
-kernels or with a log under its root folder, and the logs a bounded walk of the root folder
-finds in ``.ipycloud-runs`` folders.
+kernels (started or followed in one of them, wherever their logs lie: a bucket mounted
+outside the root) or with a log under its root folder, and the logs a bounded walk of the
+root folder finds in ``.ipycloud-runs`` folders.
 
 Everything here reads files: the handlers call it in an executor thread. Many clients poll
 at once, so one view of the runs (their logs' records and summaries) serves them all. A
@@ -114,8 +115,8 @@ class RunFinder:
         return self._view
 
     def _indexed(self, kernels: Collection[str]) -> Iterator[Path]:
-        """The logs of the user's index whose run is of one of ``kernels`` or under the
-        root, where they are files."""
+        """The logs of the user's index whose run is of one of ``kernels`` (started or
+        followed there) or under the root, where they are files."""
         try:
             entries = list(records.index_dir().glob("*.json"))
         except OSError:
@@ -125,8 +126,8 @@ class RunFinder:
             if entry is None:
                 continue
             log = Path(os.path.abspath(entry["log"]))
-            if ((entry.get("kernel") in kernels or log.is_relative_to(self._root))
-                    and _is_file(log)):
+            ours = any(kernel in kernels for kernel in records.entry_kernels(entry))
+            if (ours or log.is_relative_to(self._root)) and _is_file(log):
                 yield log
 
     def _walked(self) -> list[Path]:

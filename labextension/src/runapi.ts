@@ -8,10 +8,13 @@
 /** A run as the server sums it up. */
 export interface IRunSummary {
   id: string;
-  /** running | paused | finished | failed | stopped early | lost */
+  /** running | restarting | paused | finished | failed | stopped early | lost */
   status: string;
   notebook: string | null;
+  /** Where the run is written now (torchrun may restart it on another node). */
   host: string | null;
+  /** Whether `host` is another machine than the server's. */
+  remote: boolean;
   pid: number | null;
   kernel: string | null;
   folder: string | null;

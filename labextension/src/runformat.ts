@@ -72,6 +72,11 @@ export function formatFigure(value: number): string {
     : value.toExponential(2);
 }
 
+/** `on node-2` for a run written on another machine than the server's; `''` for one here. */
+export function runHost(run: IRunSummary): string {
+  return run.remote && run.host ? `on ${run.host}` : '';
+}
+
 /** What a row calls the run: its notebook, else its id. */
 export function runName(run: IRunSummary): string {
   return run.notebook ?? `run ${run.id}`;

@@ -1,7 +1,7 @@
 /**
  * The panel's Runs section: each run of `fit` the server knows (`GET runs`) with its
- * status, progress, ETA against the session's time left, latest loss and best metric,
- * polled while the panel is shown.
+ * status, the machine it trains on where that is another one, progress, ETA against the
+ * session's time left, latest loss and best metric, polled while the panel is shown.
  */
 import { ServerConnection } from '@jupyterlab/services';
 import { lineFormIcon } from '@jupyterlab/ui-components';
@@ -17,6 +17,7 @@ import {
   formatLoss,
   formatProgress,
   progressPercent,
+  runHost,
   runName
 } from './runformat';
 
@@ -106,6 +107,7 @@ class RunRow {
     const line = (name: string) => element('div', { 'data-ipycloud-run-field': name });
     this._cells = {
       name: element('span', { class: 'ipycloud-Run-name' }),
+      host: element('span', { class: 'ipycloud-Run-host', 'data-ipycloud-run-field': 'host' }),
       status: element('span', { class: 'ipycloud-Run-status' }),
       progress: line('progress'),
       eta: line('eta'),
@@ -123,11 +125,11 @@ class RunRow {
         openChart(this._run);
       }
     });
-    const { name, status, progress, eta, metrics } = this._cells;
+    const { name, host, status, progress, eta, metrics } = this._cells;
     this.node = element(
       'div',
       { class: 'ipycloud-Run' },
-      element('div', { class: 'ipycloud-Run-head' }, name, status, chart),
+      element('div', { class: 'ipycloud-Run-head' }, name, host, status, chart),
       progress,
       element('span', { class: 'ipycloud-Meter ipycloud-Run-meter' }, this._bar),
       eta,
@@ -143,6 +145,7 @@ class RunRow {
     setAttribute(this.node, 'data-ipycloud-run-step', String(run.step));
     setAttribute(this.node, 'title', runTitle(run));
     setText(cells.name, runName(run));
+    setText(cells.host, runHost(run));
     setText(cells.status, run.status);
     setText(cells.progress, formatProgress(run));
     const percent = progressPercent(run);
@@ -159,7 +162,10 @@ class RunRow {
 
   private _run: IRunSummary | null = null;
   private _bar: HTMLElement;
-  private _cells: Record<'name' | 'status' | 'progress' | 'eta' | 'metrics', HTMLElement>;
+  private _cells: Record<
+    'name' | 'host' | 'status' | 'progress' | 'eta' | 'metrics',
+    HTMLElement
+  >;
 }
 
 /** The row's tooltip: where the run trains and where its record lies. */

@@ -7,7 +7,8 @@ import {
   formatBest,
   formatFigure,
   formatProgress,
-  progressPercent
+  progressPercent,
+  runHost
 } from '../src/runformat';
 
 const RUN = {
@@ -52,4 +53,10 @@ test('figures keep four significant digits', () => {
   const best = { metric: 'val_loss', value: 0.40012, epoch: 0 };
   assert.equal(formatBest(best), 'best val_loss 0.4001 (epoch 1)');
   assert.equal(formatBest(null), '');
+});
+
+test('a run on another machine than the server says which', () => {
+  assert.equal(runHost({ ...RUN, host: 'node-2', remote: true }), 'on node-2');
+  assert.equal(runHost({ ...RUN, host: 'this-machine', remote: false }), '');
+  assert.equal(runHost({ ...RUN, host: null, remote: true }), '');
 });

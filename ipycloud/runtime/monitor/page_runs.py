@@ -1,7 +1,7 @@
-"""The runs of ``fit`` in this process, for the ``api/runs`` routes of the dashboard page the
-kernel serves and its snapshots: read from their run records, answered as the Jupyter
-server's routes of the same names answer them (``ipycloud/server/README.md``), less the runs
-of other processes.
+"""The runs of ``fit`` in this process (started here, or followed here with ``follow``), for
+the ``api/runs`` routes of the dashboard page the kernel serves and its snapshots: read from
+their run records, answered as the Jupyter server's routes of the same names answer them
+(``ipycloud/server/README.md``), less the runs of other processes.
 
 The page asks every second, so the runs are followed, not read anew: the user's index of
 runs is read for its new or changed entries only, and only this process's logs, each for
@@ -30,7 +30,7 @@ class NoSuchRun(LookupError):
 
 
 class ProcessRuns:
-    """The runs this process started on this machine, as their logs say now."""
+    """The runs this process started or follows on this machine, as their logs say now."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,9 +55,10 @@ class ProcessRuns:
         return sorted(runs, key=lambda run: run.updated or 0.0, reverse=True)
 
     def _my_logs(self) -> list[Path]:
-        """The logs the index names for this process, its entries read when new or changed
-        (a resumed run's entry is written again by the process that resumes it)."""
-        pid, host = os.getpid(), socket.gethostname()
+        """The logs the index names for this process (as their writer or a follower), its
+        entries read when new or changed (a resumed run's entry is written again by the
+        process that resumes it)."""
+        me = (os.getpid(), socket.gethostname())
         try:
             with os.scandir(records.index_dir()) as scan:
                 found = {entry.name: (entry.stat().st_mtime_ns, Path(entry.path))
@@ -69,12 +70,19 @@ class ProcessRuns:
             known = self._entries.get(name)
             if known is None or known[0] != changed:
                 entry = records.read_index_entry(path)
-                log = (Path(entry["log"]) if entry is not None and entry.get("pid") == pid
-                       and entry.get("host") == host else None)
+                log = Path(entry["log"]) if entry is not None and me in _processes(entry) \
+                    else None
                 known = (changed, log)
             entries[name] = known
         self._entries = entries
         return [log for _, log in entries.values() if log is not None]
+
+
+def _processes(entry: Json) -> set[tuple[object, object]]:
+    """The (pid, host) of the process that writes an index entry's run and of those that
+    follow it."""
+    return {(named.get("pid"), named.get("host"))
+            for named in [entry, *records.followers(entry)]}
 
 
 @per_process()

@@ -2,10 +2,13 @@
 summaries (status, progress, ETA, best metric) by the Python API, the terminal, the kernel's
 page and the Jupyter server.
 
-``records`` (where logs lie, their lines), ``summary`` (a run from its lines),
-``reading`` (``runs`` and ``read_run``), ``table`` (runs as a table), ``best`` (the best
-epoch by a metric); the writing side: ``appender`` (lines appended by a thread of their
-own) and ``recorder`` (the follower of ``fit`` that writes the record).
+``records`` (where logs lie, their lines, the index of runs), ``summary`` (a run from its
+lines), ``reading`` (``runs`` and ``read_run``), ``table`` (runs as a table), ``best`` (the
+best epoch by a metric); ``following`` (logs followed by the fronts that poll them),
+``watch`` (one run's log looked at as it grows) and ``follow`` (a run followed until it
+ends, wherever it trains, shown by a view); the writing side: ``appender`` (lines appended
+by a thread of their own) and ``recorder`` (the follower of ``fit`` that writes the
+record).
 """
 
 from ipycloud.runtime.runs.reading import UnknownRunError, read_run, runs

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.summary import RUNNING, summarize
+from ipycloud.runtime.runs.summary import LIVE, summarize
 
 Json = dict[str, Any]
 
@@ -31,13 +31,13 @@ class FollowedLog:
 def read_log(path: Path, last: FollowedLog | None = None) -> FollowedLog | None:
     """The records and summary of the log at ``path``, given how ``last`` read it: read
     again when the log changed (``records.read_records`` parses only what was appended),
-    the summary made again while the run is running (it may have died); None when it
+    the summary made again while the run is live (it may have died); None when it
     cannot be read. A last line still being written waits for its newline."""
     try:
         stat = path.stat()
         state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         if last is not None and last.state == state:
-            if last.summary["status"] != RUNNING:
+            if last.summary["status"] not in LIVE:
                 return last
             return replace(last, summary=summarize(path, last.lines).to_json())
         lines = records.read_records(path, torn_tail=False)

@@ -1,4 +1,5 @@
-"""Runs read back from their logs: those of a checkpoint folder, or every run started here."""
+"""Runs read back from their logs: those of a checkpoint folder, or every run started or
+followed here."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class UnknownRunError(LookupError):
 
 def runs(folder: str | os.PathLike[str] | None = None) -> list[RunSummary]:
     """The runs of ``fit`` whose logs are in the checkpoint ``folder``, newest first; with
-    no folder, every run started on this machine by this user (the index).
+    no folder, every run started on this machine by this user, or followed from it with
+    ``follow`` (the index).
 
     ``folder`` may also be a folder of logs (``.ipycloud-runs``). A log that cannot be
     read is left out with a warning; a damaged line of one is skipped with a warning.
@@ -26,7 +28,7 @@ def runs(folder: str | os.PathLike[str] | None = None) -> list[RunSummary]:
     if folder is None:
         logs = [path for path in map(_indexed_log, _index_entries()) if path is not None]
     else:
-        logs = records.logs_in(_folder(Path(folder)))
+        logs = records.logs_in(checkpoint_folder(Path(folder)))
     summaries = [summary for summary in map(_summary, dict.fromkeys(logs)) if summary]
     return sorted(summaries, key=lambda summary: summary.updated or 0.0, reverse=True)
 
@@ -43,7 +45,9 @@ def read_run(path_or_id: str | os.PathLike[str],
     return summarize(path, lines), newer
 
 
-def _folder(folder: Path) -> Path:
+def checkpoint_folder(folder: Path) -> Path:
+    """``folder``, which must be one: a FileNotFoundError or NotADirectoryError in one
+    line where it is not."""
     if not folder.exists():
         raise FileNotFoundError(f"no folder {str(folder)!r}: give a checkpoint folder "
                                 "(fit's checkpoint=)")

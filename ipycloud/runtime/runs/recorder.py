@@ -9,7 +9,6 @@ never holds up or breaks the run.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -21,7 +20,6 @@ from typing import Any
 
 from ipycloud._version import __version__
 from ipycloud.runtime.checkpoint.runs import new_run_id
-from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.appender import Appender
 
@@ -55,7 +53,7 @@ class RunRecorder:
             "epochs": start.epochs, "max_steps": start.max_steps})
         entry = {"run": self.run, "log": str(self.appender.path), "pid": line["pid"],
                  "host": line["host"], "kernel": line["kernel"], "started": line["t"]}
-        self.appender.call(lambda: _index(self.run, entry))
+        self.appender.call(lambda: records.write_index_entry(self.run, entry))
 
     def stepped(self, row: dict[str, Any]) -> None:
         self._write(records.STEP, row, droppable=True)
@@ -97,7 +95,7 @@ class RunRecorder:
 
 def this_process() -> dict[str, Any]:
     """Who runs the run: process, host, Jupyter kernel, notebook, platform (with the time
-    left in its session), versions."""
+    left in its session), torchrun's restarts, versions."""
     import psutil
 
     from ipycloud.runtime.machine.platform import detect_platform
@@ -111,8 +109,20 @@ def this_process() -> dict[str, Any]:
             "kernel": kernel, "notebook": _notebook(kernel), "platform": platform.name,
             "session_left_s": None if limit is None else round(limit - (time.time() - started),
                                                                1),
+            "restarts": torchrun_restarts(),
             "versions": {"ipycloud": __version__,
                          "torch": getattr(torch, "__version__", None)}}
+
+
+def torchrun_restarts() -> dict[str, int] | None:
+    """How many times torchrun restarted this process's group (``count``) and may at most
+    (``max``), from the variables it sets (TORCHELASTIC_RESTART_COUNT and
+    TORCHELASTIC_MAX_RESTARTS); None outside torchrun."""
+    try:
+        return {"count": int(os.environ["TORCHELASTIC_RESTART_COUNT"]),
+                "max": int(os.environ["TORCHELASTIC_MAX_RESTARTS"])}
+    except (KeyError, ValueError):
+        return None
 
 
 def kernel_id(argv: list[str] | None = None) -> str | None:
@@ -136,10 +146,3 @@ def _notebook(kernel: str | None) -> str | None:
         return os.path.basename(named)
     script = sys.argv[0] if sys.argv else ""
     return os.path.basename(script) if kernel is None and script.endswith(".py") else None
-
-
-def _index(run: str, entry: dict[str, Any]) -> None:
-    """Name the run's log in the index (where the state folder can be written)."""
-    folder = records.index_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomically(folder / f"{run}.json", json.dumps(entry).encode())

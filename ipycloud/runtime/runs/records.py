@@ -4,8 +4,11 @@ A run's log is ``<checkpoint folder>/.ipycloud-runs/<run-id>.jsonl`` (a run with
 checkpoint folder: ``<state dir>/runs/<run-id>.jsonl``), one JSON object per line, each
 with ``t`` (Unix seconds) and ``kind``: ``start``, ``step``, ``epoch``, ``checkpoint``,
 ``event`` or ``end``. ``<state dir>/runs/index/<run-id>.json`` names the log of every run
-started on this machine by this user. The state dir is ``$IPYCLOUD_STATE_DIR``, by default
-``~/.local/state/ipycloud`` (platformdirs' user state folder).
+started on this machine by this user, and of every run followed from it (``follow``): the
+process that started it (``pid``, ``host``, ``kernel``) and those that follow it
+(``followers``, each with its ``pid``, ``host`` and ``kernel``). The state dir is
+``$IPYCLOUD_STATE_DIR``, by default ``~/.local/state/ipycloud`` (platformdirs' user state
+folder).
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.durable import write_bytes_atomically
+
 RECORD_FOLDER = ".ipycloud-runs"
 SUFFIX = ".jsonl"
 START, STEP, EPOCH, CHECKPOINT, EVENT, END = "start", "step", "epoch", "checkpoint", "event", "end"
 KINDS = (START, STEP, EPOCH, CHECKPOINT, EVENT, END)
 RUN_ID = re.compile(r"[0-9a-f]{12}")
 CACHED_LOGS = 64  # logs whose lines read are kept, the last read
+MAX_FOLLOWERS = 8  # processes an index entry names as following its run, the last ones
 # The fields each kind needs, with their types; a line without them is not a record.
 _NEEDED: dict[str, dict[str, type | tuple[type, ...]]] = {
     START: {"step": int, "epoch": int},
@@ -74,6 +80,46 @@ def read_index_entry(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
+
+
+def write_index_entry(run: str, entry: dict[str, Any]) -> None:
+    """Name ``run``'s log in the index (``entry``: the process that writes it), keeping
+    the followers its entry there names; raises the OSError of an index that cannot be
+    written."""
+    path = index_dir() / f"{run}.json"
+    known = read_index_entry(path)
+    _write_entry(path, {**entry, "followers": [] if known is None else followers(known)})
+
+
+def add_follower(run: str, log: Path, follower: dict[str, Any]) -> None:
+    """Note in the index that ``follower`` (its ``pid``, ``host`` and ``kernel``) follows
+    ``run`` through its log at ``log``; raises the OSError of an index that cannot be
+    written."""
+    path = index_dir() / f"{run}.json"
+    entry = read_index_entry(path) or {"run": run}
+    others = [known for known in followers(entry)
+              if (known.get("pid"), known.get("host")) != (follower["pid"], follower["host"])]
+    _write_entry(path, {**entry, "log": str(log),
+                        "followers": [*others, follower][-MAX_FOLLOWERS:]})
+
+
+def followers(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The processes an index entry names as following its run."""
+    named = entry.get("followers")
+    return [follower for follower in named if isinstance(follower, dict)] \
+        if isinstance(named, list) else []
+
+
+def entry_kernels(entry: dict[str, Any]) -> set[str]:
+    """The Jupyter kernels an index entry's run is of: the one that started it, and
+    those that follow it."""
+    return {kernel for kernel in [entry.get("kernel"), *(
+        follower.get("kernel") for follower in followers(entry))] if isinstance(kernel, str)}
+
+
+def _write_entry(path: Path, entry: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomically(path, json.dumps(entry).encode())
 
 
 def logs_in(folder: Path) -> list[Path]:

@@ -13,10 +13,12 @@ from ipycloud.runtime.units import counted, format_duration
 
 
 class RunsTable:
-    """Runs, newest first, one row each: status, progress, speed, time left, best metric."""
+    """Runs, newest first, one row each: status, progress, speed, time left, best metric;
+    the host each is written on, where one is another machine (a cluster's node)."""
 
     HEADERS = ("run", "status", "notebook", "step", "epoch", "loss", "steps/s", "eta",
                "best", "events", "updated")
+    HOST_AFTER = HEADERS.index("notebook")  # where the host column goes, when shown
 
     def __init__(self, summaries: Sequence[RunSummary], where: str) -> None:
         self.summaries = list(summaries)
@@ -31,7 +33,12 @@ class RunsTable:
                  _best(run.best), str(len(run.events)) if run.events else "",
                  _when(run.updated))
                 for run in self.summaries]
-        return self.HEADERS, rows
+        if not any(run.remote for run in self.summaries):
+            return self.HEADERS, rows
+        at = self.HOST_AFTER + 1
+        return ((*self.HEADERS[:at], "host", *self.HEADERS[at:]),
+                [(*row[:at], run.host or "", *row[at:])
+                 for row, run in zip(rows, self.summaries, strict=True)])
 
     def title(self) -> str:
         if not self.summaries:

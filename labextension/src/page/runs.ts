@@ -7,7 +7,7 @@ import { KernelClient, RequestFailed } from './client';
 import type { IRunRecord, IRunSummary } from '../runapi';
 
 /** Statuses of a run that may still move. */
-const LIVE = new Set(['running', 'paused']);
+const LIVE = new Set(['running', 'restarting', 'paused']);
 
 /** One logged step of the run. */
 export interface IStepRow {

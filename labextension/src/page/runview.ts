@@ -8,6 +8,7 @@ import uPlot from 'uplot';
 import { element, setAttribute, setText } from '../dom';
 import { formatDuration } from '../format';
 import { SMOOTHING, smooth } from '../chartdata';
+import { runHost } from '../runformat';
 import type { IEpochRow, RunFollower } from './runs';
 
 const CHART_HEIGHT = 160;
@@ -37,7 +38,7 @@ export class RunSection {
     setAttribute(this.node, 'data-ipycloud-run', run.id);
     setAttribute(this.node, 'data-ipycloud-run-status', run.status);
     setAttribute(this.node, 'data-ipycloud-run-step', String(run.step));
-    const what = [run.model, run.device, run.notebook].filter(Boolean).join(' · ');
+    const what = [run.model, run.device, run.notebook, runHost(run)].filter(Boolean).join(' · ');
     setText(this._title, `Run ${run.id}${what ? ` · ${what}` : ''} · ${run.status}`);
 
     const total = run.total_steps;
