@@ -293,20 +293,22 @@ class _Trainer:
                         self._end_preempted(bar)  # its workers got the SIGTERM too
                     raise
         except BaseException as error:
-            if self.saver is not None:  # let the last good checkpoint finish writing
-                with contextlib.suppress(Exception):
-                    self.saver.wait()
+            # Told first: under torchrun a SIGTERM follows a failed rank at once, and the
+            # signal's default ends the process.
             if _out_of_memory(error):
                 self.followers.tell("happened", "out_of_memory", _first_line(error))
             self._tell_end(PAUSED if isinstance(error, KeyboardInterrupt) else FAILED,
                            _first_line(error))
-            raise
+            if self.saver is not None:  # let the last good checkpoint finish writing
+                with contextlib.suppress(Exception):
+                    self.saver.wait()
+            raise  # a vote still open is left: its peers may be gone
         finally:
             bar.close()
-            if self._vote is not None:
-                self._vote.close()
             if self.saver is not None:
                 self.saver.listener = None
+        if self._vote is not None:
+            self._vote.close()
         self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
             else self._tell_end(FINISHED, None)
         return self.history

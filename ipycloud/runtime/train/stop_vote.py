@@ -11,7 +11,6 @@ stop there: the first rank saves that step, whichever rank got the signal.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 
@@ -43,13 +42,11 @@ class StopVote:
         return asker
 
     def close(self) -> None:
-        """Wait for the last vote (every rank cast it) and drop the group; a group broken
-        by a rank that died is dropped all the same."""
+        """After a run every rank finished: wait for the last vote (every rank cast it)
+        and drop the group."""
         import torch.distributed as dist
 
         pending, self._pending = self._pending, None
-        with contextlib.suppress(Exception):
-            if pending is not None:
-                pending.wait()
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group(self._group)
+        if pending is not None:
+            pending.wait()
+        dist.destroy_process_group(self._group)
