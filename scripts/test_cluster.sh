@@ -9,12 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${IPYCLOUD_CLUSTER_VENV:-$HOME/.cache/ipycloud/cluster-venv-0.14.1}"
-if ! "$venv/bin/python" -c "import sky" >/dev/null 2>&1; then
-    echo "test_cluster.sh: building $venv (skypilot 0.14.1 + torch 2.13.0)" >&2
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    python3 -m venv "$venv"
-fi
+. scripts/lane_venv.sh
+lane_venv "$venv" sky "skypilot 0.14.1 + torch 2.13.0"
 # One resolve with the test tools (tests/conftest.py loads their fixtures) and the pins.
 "$venv/bin/python" -m pip install --quiet 'torch==2.13.0' -e '.[test,cluster]'
 "$venv/bin/python" -m pip check
