@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import psutil
 import pytest
 import torch
 import yaml
+from local_nodes import free_port
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from waiting import wait_for
@@ -70,13 +70,6 @@ def task(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]
     return folder, yaml.safe_load((folder / "task.yaml").read_text())
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def nodes_running(task: tuple[Path, dict[str, Any]], nodes: int, gpus: int,
                   checkpoints: Path, logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
@@ -101,28 +94,40 @@ def nodes_running(task: tuple[Path, dict[str, Any]], nodes: int, gpus: int,
                                            start_new_session=True))
         yield agents
     finally:
-        for agent in agents:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent.pid, signal.SIGKILL)
+        for agent in agents:  # torchrun starts each worker in a session of its own
+            for process in descendants(agent):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            agent.kill()
             agent.wait(10)
         for output in outputs:
             output.close()
 
 
 def finish(agents: list[subprocess.Popen[bytes]], logs: Path) -> None:
+    """Every node's run script ends, and well, within RUN_TIMEOUT_S."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     for agent in agents:
-        code = agent.wait(max(1.0, deadline - time.monotonic()))
-        assert code == 0, "".join(log.read_text() for log in sorted(logs.glob("*.log")))[-4000:]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            agent.wait(max(0.1, deadline - time.monotonic()))
+    statuses = [agent.poll() for agent in agents]
+    tails = "".join(log.read_text(errors="replace")[-3000:] for log in sorted(logs.glob("*")))
+    assert statuses == [0] * len(agents), f"statuses {statuses} (None: still running)\n{tails}"
+
+
+def descendants(agent: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The processes under a node's shell: torchrun's agent, its workers."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(agent.pid).children(recursive=True)
+    return []
 
 
 def workers_of(agents: list[subprocess.Popen[bytes]]) -> list[psutil.Process]:
     found = []
-    for agent in agents:
-        for child in psutil.Process(agent.pid).children(recursive=True):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                if "ipycloud.runtime.cluster.worker" in child.cmdline():
-                    found.append(child)
+    for process in (process for agent in agents for process in descendants(agent)):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "ipycloud.runtime.cluster.worker" in process.cmdline():
+                found.append(process)
     return found
 
 
@@ -182,8 +187,7 @@ def assert_bit_for_bit(left: dict[str, torch.Tensor], right: dict[str, torch.Ten
 
 
 @pytest.mark.timeout(2 * RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("nodes", [1, pytest.param(2, marks=pytest.mark.xfail(
-    strict=True, reason="fit resumes bit for bit at world size 2, not yet at 4"))])
+@pytest.mark.parametrize("nodes", [1, 2])
 def test_a_killed_worker_restarts_the_group_and_ends_bit_for_bit(
         nodes: int, task: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     """Two processes on each node: world size 2 on one node, 4 on two."""
