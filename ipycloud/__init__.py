@@ -46,13 +46,18 @@ _LAZY_ATTRIBUTES = {
     "notify": "ipycloud.runtime.notify",
 }
 
+# Public namespaces, modules of this package imported on first access.
+_LAZY_SUBMODULES = {"cluster"}
+
 # Names that show more in a notebook: the first access loads the notebook front as well.
 _DRAWN_IN_NOTEBOOKS = {"fit"}
 
-__all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES]
+__all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES, *_LAZY_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"ipycloud.{name}")
     module = _LAZY_ATTRIBUTES.get(name)
     if module is None:
         raise AttributeError(f"module 'ipycloud' has no attribute {name!r}")

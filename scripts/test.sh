@@ -13,5 +13,6 @@ python3 -m venv .venv
 bash scripts/test_browser.sh  # Chromium, for the test that watches the dashboard in JupyterLab
 bash scripts/test_fuse.sh  # fuse3 and libfuse2, for the storage tests' failing mount
 bash scripts/test_xla.sh  # the XLA lane: torch_xla on its CPU device, in its own venv
+bash scripts/test_cluster.sh  # SkyPilot reads the exported tasks, in its own venv
 # pytest exits 5 when it collected no test: like any failure, that fails this script.
 exec .venv/bin/python -m pytest "$@"

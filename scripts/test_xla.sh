@@ -7,12 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${IPYCLOUD_XLA_VENV:-$HOME/.cache/ipycloud/xla-venv-2.9.0}"
-if ! "$venv/bin/python" -c "import torch_xla" >/dev/null 2>&1; then
-    echo "test_xla.sh: building $venv (torch 2.9.0 + torch_xla 2.9.0, about 7 GB)" >&2
-    rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
-    python3 -m venv "$venv"
-fi
+. scripts/lane_venv.sh
+lane_venv "$venv" torch_xla "torch 2.9.0 + torch_xla 2.9.0, about 7 GB"
 # One resolve with both pins, so ipycloud's own dependencies (from pyproject.toml) can never
 # move torch; torch_xla 2.9.0 needs exactly torch 2.9.0.
 "$venv/bin/python" -m pip install --quiet 'torch==2.9.0' 'torch_xla==2.9.0' -e '.[xla]' \

@@ -91,7 +91,38 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("-n", "--dry-run", action="store_true",
                       help="list what would change and change nothing")
     sync.add_argument("--json", action="store_true", help="print the full report as JSON")
+
+    _add_cluster(subcommands)
     return parser
+
+
+def _add_cluster(subcommands: Any) -> None:
+    """``ipycloud cluster export``: its options are those of ipycloud.cluster.export."""
+    cluster = subcommands.add_parser("cluster", help="train on several machines",
+                                     allow_abbrev=False)
+    export = _add(_subcommands(cluster, "action", "ACTION"), "export", commands.cluster_export,
+                  "write a SkyPilot task that trains SCRIPT on a cluster (sky jobs launch)")
+    export.add_argument("--folder", required=True, type=_path,
+                        help="where the task goes (a folder of its own: it is uploaded)")
+    export.add_argument("--bucket", required=True, metavar="URL",
+                        help="the checkpoint bucket: s3://, gs://, r2://, https://<account>"
+                             ".blob.core.windows.net/<container>...")
+    export.add_argument("--nodes", type=int, default=1, metavar="N",
+                        help="machines (default: 1)")
+    export.add_argument("--accelerators", metavar="NAME[:N]",
+                        help="each node's accelerators, e.g. A100:8 (default: CPU nodes)")
+    export.add_argument("--data", action="append", default=[], type=_mount,
+                        metavar="PATH=SOURCE",
+                        help="mount a bucket or upload a local folder at PATH on every node "
+                             "(repeatable)")
+    export.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                        help="times torchrun restarts a failed group (default: 3)")
+    export.add_argument("--spot", action="store_true", help="use spot machines")
+    export.add_argument("--name", dest="task_name", metavar="NAME",
+                        help="the task's name (default: the script's)")
+    export.add_argument("script", metavar="SCRIPT", type=_path, help="the training script")
+    export.add_argument("script_args", metavar="ARGS", nargs=argparse.REMAINDER,
+                        help="the script's command line")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,6 +176,14 @@ def _run_id(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is no run id: 12 hex digits, as "
                                          "ipycloud runs FOLDER lists them")
     return text
+
+
+def _mount(text: str) -> tuple[str, str]:
+    """An argparse type: ``PATH=SOURCE``, a mount path on the nodes and what it holds."""
+    path, equals, source = text.partition("=")
+    if not (path and equals and source):
+        raise argparse.ArgumentTypeError(f"{text!r} is not PATH=SOURCE, like /data=s3://my-data")
+    return path, source
 
 
 def _warn_in_one_line(message: Warning | str, category: type[Warning], filename: str,

@@ -12,7 +12,13 @@ import json
 import signal
 import sys
 
-from ipycloud.runtime.messages import one_line
+from ipycloud.runtime.messages import in_words, one_line
+
+# The export's parameters as its command line names them.
+EXPORT_OPTIONS = {"folder": "--folder", "bucket": "--bucket", "nodes": "--nodes",
+                  "accelerators": "--accelerators", "data": "--data",
+                  "max_restarts": "--max-restarts", "name": "--name", "train": "SCRIPT",
+                  "args": "ARGS"}
 
 
 class CommandError(Exception):
@@ -130,4 +136,25 @@ def sync(args: argparse.Namespace) -> int:
             for path in paths:
                 print(f"would {verb} {path}")
     print(report)
+    return 0
+
+
+def cluster_export(args: argparse.Namespace) -> int:
+    """``ipycloud cluster export [options] SCRIPT [ARGS...]``: write a SkyPilot task that
+    trains SCRIPT on a cluster; the last line says how to launch it."""
+    from ipycloud.runtime.cluster import ExportError, export
+
+    mounts = dict(args.data)
+    if len(mounts) < len(args.data):
+        raise CommandError("--data: a mount path is given twice")
+    try:
+        task = export(args.script, folder=args.folder, bucket=args.bucket, nodes=args.nodes,
+                      accelerators=args.accelerators, data=mounts, args=args.script_args,
+                      max_restarts=args.max_restarts, use_spot=args.spot,
+                      name=args.task_name)
+    except ExportError as error:
+        raise CommandError(in_words(error, EXPORT_OPTIONS)) from None
+    except OSError as error:
+        raise CommandError(one_line(error)) from None
+    print(task)
     return 0
