@@ -1,6 +1,7 @@
 """A training script for torchrun: ``fit`` on a small classifier, as a cluster would run it.
 
-Usage: ``elastic_training.py FOLDER OUT EPOCHS CHECKPOINT_EVERY PACE_S``. Every rank
+Usage: ``elastic_training.py FOLDER OUT EPOCHS CHECKPOINT_EVERY PACE_S``; with
+``ELASTIC_BALLAST_MB`` set, the model carries that many MiB of frozen weights. Every rank
 appends, after each optimizer step, the ids of the samples it trained on to
 ``OUT/trained-<pid>.jsonl``; the first rank writes the final weights to ``OUT/final.pt``.
 """
@@ -31,6 +32,9 @@ class Classifier(nn.Module):
         self.net = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Dropout(0.1),
                                  nn.Linear(32, 3))
         self.ids: list[int] = []
+        # Weights that never train and make every checkpoint larger (and slower to write)
+        ballast = int(float(os.environ.get("ELASTIC_BALLAST_MB", "0")) * 2**20 / 4)
+        self.ballast = nn.Parameter(torch.zeros(ballast), requires_grad=False)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         self.ids = inputs[:, -1].long().tolist()

@@ -126,6 +126,27 @@ def test_a_worker_killed_mid_epoch_is_restarted_and_ends_bit_exact(
                          final_weights(uninterrupted / "out"))
 
 
+def test_a_save_in_flight_when_a_peer_dies_is_written_before_the_first_rank_ends(
+        tmp_path: Path) -> None:
+    """The first save is still being written (in the background) when a worker is
+    killed: the first rank's collective fails, torchrun sends it SIGTERM at once, and
+    the signal waits until the save is written and the end told."""
+    with nodes(tmp_path, pace=0.1, environment={"ELASTIC_BALLAST_MB": "200"}) as cluster:
+        # A rank past the first checkpoint's step: the first rank has begun to save it.
+        wait_for(lambda: any(row["step"] > CHECKPOINT_EVERY
+                             for row in trained_rows(tmp_path / "out")), START_S,
+                 "a step past the first checkpoint's", cluster)
+        cluster.workers(1)[0].kill()
+        assert cluster.wait() == [0, 0], cluster.tail()
+    lines = record(tmp_path / "run")
+    ends = [line for line in lines if line["kind"] == "end"]
+    assert [end["status"] for end in ends] == ["failed", "finished"]
+    (resumed,) = [line for line in lines if line.get("event") == "resume"]
+    assert f"(step {CHECKPOINT_EVERY}," in resumed["message"] or \
+        f"(step {2 * CHECKPOINT_EVERY}," in resumed["message"]
+    assert_every_sample_once_an_epoch(tmp_path / "out")
+
+
 def test_a_node_lost_for_good_leaves_the_run_at_world_size_two(tmp_path: Path) -> None:
     """(c) With --nnodes=1:2, one agent and its workers killed for good: the other agent
     re-forms the group alone and the run ends at world size 2, each sample trained once

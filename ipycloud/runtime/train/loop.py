@@ -80,6 +80,7 @@ PREEMPTED_COPY_WAIT_S = 5.0  # at SIGTERM, how long the last copy back may take
 # last finished step, the random generators' as they were when the phase began.
 STARTING, EPOCH_START, VALIDATING = "starting", "epoch start", "validating"
 FETCHING, TRAINING, SAVING = "fetching", "training", "saving"
+ENDING = "ending"  # after a failure: the end told, the last save waited for
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -288,20 +289,18 @@ class _Trainer:
                     Preemption(self._save_on_sigterm, main=self.main) as self._preemption:
                 try:
                     self._train(val_data, manager, bar)
-                except Exception:
+                except Exception as error:
                     if self._preemption.requested and self._phase == FETCHING:
                         self._end_preempted(bar)  # its workers got the SIGTERM too
+                    # Still under Preemption: a SIGTERM now (torchrun sends one right
+                    # after a peer fails) waits until the end is told and the last save
+                    # written, then takes its course.
+                    self._fail(error)
+                    if self._preemption.requested:
+                        self._preemption.end()
                     raise
         except BaseException as error:
-            # Told first: under torchrun a SIGTERM follows a failed rank at once, and the
-            # signal's default ends the process.
-            if _out_of_memory(error):
-                self.followers.tell("happened", "out_of_memory", _first_line(error))
-            self._tell_end(PAUSED if isinstance(error, KeyboardInterrupt) else FAILED,
-                           _first_line(error))
-            if self.saver is not None:  # let the last good checkpoint finish writing
-                with contextlib.suppress(Exception):
-                    self.saver.wait()
+            self._fail(error)
             raise  # a vote still open is left: its peers may be gone
         finally:
             bar.close()
@@ -312,6 +311,19 @@ class _Trainer:
         self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
             else self._tell_end(FINISHED, None)
         return self.history
+
+    def _fail(self, error: BaseException) -> None:
+        """Tell how the run ended, and let the last good checkpoint finish writing."""
+        if self._phase == ENDING:
+            return
+        self._phase = ENDING
+        if _out_of_memory(error):
+            self.followers.tell("happened", "out_of_memory", _first_line(error))
+        self._tell_end(PAUSED if isinstance(error, KeyboardInterrupt) else FAILED,
+                       _first_line(error))
+        if self.saver is not None:
+            with contextlib.suppress(Exception):
+                self.saver.wait()
 
     def release(self) -> None:
         """Give the machine back after a run that ended well (``fit(release=True)``)."""
