@@ -32,10 +32,12 @@ class LocalNodes:
 
     def __init__(self, script: Path, arguments: Sequence[str], logs: Path, *,
                  nnodes: str = "2", count: int = 2, nproc: int = 2, max_restarts: int = 3,
-                 environment: dict[str, str] | None = None) -> None:
+                 environment: dict[str, str] | None = None, monitor_interval: float = 0.2,
+                 last_call_timeout: int = 2) -> None:
         self.script, self.arguments, self.logs = script, list(arguments), logs
         self.nnodes, self.count, self.nproc = nnodes, count, nproc
         self.max_restarts = max_restarts
+        self.monitor_interval, self.last_call_timeout = monitor_interval, last_call_timeout
         self.environment = environment or {}
         self.agents: list[subprocess.Popen[bytes]] = []
 
@@ -54,8 +56,10 @@ class LocalNodes:
             command = [sys.executable, "-m", "ipycloud", "torchrun",
                        f"--nnodes={self.nnodes}", f"--nproc-per-node={self.nproc}",
                        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                       f"--rdzv-conf=is_host={int(node == 0)},last_call_timeout=2",
-                       f"--max-restarts={self.max_restarts}", "--monitor-interval=0.2",
+                       f"--rdzv-conf=is_host={int(node == 0)},"
+                       f"last_call_timeout={self.last_call_timeout}",
+                       f"--max-restarts={self.max_restarts}",
+                       f"--monitor-interval={self.monitor_interval:g}",
                        str(self.script), *self.arguments]
             with open(self.logs / f"node{node}.log", "ab") as log:
                 self.agents.append(subprocess.Popen(
