@@ -439,8 +439,17 @@ def test_auto_writes_in_the_background_only_when_training_leaves_a_core(
 
 
 def writer_processes() -> int:
-    """The child processes of this one (a manager's writer process is its only one)."""
-    return len(psutil.Process().children())
+    """The checkpoint writer processes among this one's children (other tests of the
+    session may leave children of their own running beside them)."""
+    return sum(1 for child in psutil.Process().children()
+               if "writer_child" in " ".join(_command_line(child)))
+
+
+def _command_line(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # it has ended meanwhile
+        return []
 
 
 @pytest.mark.skipif(not writer_process.supported(), reason="the writer process needs Linux")

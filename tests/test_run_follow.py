@@ -35,6 +35,14 @@ RUN, OTHER = "a1b2c3d4e5f6", "0123456789ab"
 T = float(int(time.time()))  # recent: a run on another host is fresh for 10 minutes
 
 
+@pytest.fixture(autouse=True)
+def recent() -> None:
+    """T is now again for each test: the module is imported when the session starts,
+    maybe more than ten minutes before its tests run."""
+    global T
+    T = float(int(time.time()))
+
+
 def at(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 

@@ -34,6 +34,14 @@ RUN = "a1b2c3d4e5f6"
 T = float(int(time.time()))  # recent: a run on another host is fresh for 10 minutes
 
 
+@pytest.fixture(autouse=True)
+def recent() -> None:
+    """T is now again for each test: the module is imported when the session starts,
+    maybe more than ten minutes before its tests run."""
+    global T
+    T = float(int(time.time()))
+
+
 def append(log: Path, *lines: dict[str, Any]) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as file:
