@@ -31,8 +31,7 @@ time of what it reached) and the run record the first rank writes, into:
 Work lost: the steps between the checkpoint the new group resumed from and the last
 step any rank ended before the kill, and their time at the old group's pace. Beside it,
 the newest checkpoint the first rank had begun to save before the kill (a save runs in
-the background: here, with four workers on two cores, the writer runs at idle priority and
-finishes when the next save waits for it), and whether the old first rank's run record
+the background, at idle priority for 2 s at most), and whether the old first rank's run record
 got its end line (a rank that ends by itself writes it; one cut short does not).
 
 Run: ``python benchmarks/elastic_restart.py [--quick]`` (about 6 minutes; ``--quick``:

@@ -195,7 +195,8 @@ class CheckpointManager:
                                        directory=self.directory, sequence=0,
                                        status=catalog.WRITING, **details)
         self._writer.submit(lambda: self._write_in_background(details, staged, write_data))
-        deadline = threading.Timer(IDLE_PRIORITY_S, self._hurry)
+        # The timer holds the manager weakly: one dropped meanwhile closes its writer.
+        deadline = threading.Timer(IDLE_PRIORITY_S, _hurry_if_alive, (weakref.ref(self),))
         deadline.daemon = True
         deadline.start()
         return None
@@ -779,6 +780,13 @@ def _versions() -> dict[str, str | None]:
 
 
 _LIVE_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+
+
+def _hurry_if_alive(manager: weakref.ref[CheckpointManager]) -> None:
+    """Give a manager's background save normal priority, unless the manager is gone."""
+    alive = manager()
+    if alive is not None:
+        alive._hurry()
 
 
 def close_all(managers: Iterable[CheckpointManager]) -> None:
