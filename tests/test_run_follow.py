@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from faultfs import FaultyMount
+from recent import now, recent_time  # noqa: F401 (recent_time: an autouse fixture)
 
 from ipycloud.cli import main
 from ipycloud.runtime.runs import UnknownRunError, records
@@ -32,15 +33,7 @@ from ipycloud.runtime.runs.records import RECORD_FOLDER
 from ipycloud.runtime.runs.summary import RunSummary
 
 RUN, OTHER = "a1b2c3d4e5f6", "0123456789ab"
-T = float(int(time.time()))  # recent: a run on another host is fresh for 10 minutes
-
-
-@pytest.fixture(autouse=True)
-def recent() -> None:
-    """T is now again for each test: the module is imported when the session starts,
-    maybe more than ten minutes before its tests run."""
-    global T
-    T = float(int(time.time()))
+T = now()  # set again for each test (recent_time): runs elsewhere are fresh for 10 minutes
 
 
 def at(t: float) -> str:

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernels import cell_messages, drawings, kernel, stream
+from recent import now, recent_time  # noqa: F401 (recent_time: an autouse fixture)
 from test_live_curves import Clock, Screen
 from waiting import wait_for
 
@@ -31,15 +31,7 @@ from ipycloud.runtime.runs.watch import RunWatch
 HERE = Path(__file__).parent
 SVG = "{http://www.w3.org/2000/svg}"
 RUN = "a1b2c3d4e5f6"
-T = float(int(time.time()))  # recent: a run on another host is fresh for 10 minutes
-
-
-@pytest.fixture(autouse=True)
-def recent() -> None:
-    """T is now again for each test: the module is imported when the session starts,
-    maybe more than ten minutes before its tests run."""
-    global T
-    T = float(int(time.time()))
+T = now()  # set again for each test (recent_time): runs elsewhere are fresh for 10 minutes
 
 
 def append(log: Path, *lines: dict[str, Any]) -> None:
