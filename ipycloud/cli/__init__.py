@@ -50,11 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("-p", "--processes", action="store_true",
                       help="also list the processes using each GPU")
 
-    torchrun = _add(subcommands, "torchrun", commands.torchrun,
-                    "torch's torchrun, each group of workers with a store of its own, so "
-                    "that restarts and scale-downs never hang; the arguments are torchrun's")
-    torchrun.add_argument("arguments", metavar="ARGUMENT", nargs="*",
-                          help="torchrun's options, the script and its arguments")
+    # Listed here; main() hands every word after "torchrun" to torchrun itself.
+    _add(subcommands, "torchrun", commands.torchrun,
+         "torch's torchrun, each group of workers with a store of its own, so that restarts "
+         "and scale-downs never hang; the arguments are torchrun's")
 
     _add(subcommands, "demo", commands.demo,
          "show what ipycloud does on this machine: report, crash-proof checkpoints")
