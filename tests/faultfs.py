@@ -143,7 +143,9 @@ class FaultyMount:
         if not readable or self._daemon.stdout.readline() != "ready\n":
             self.vanish()
             _unmount(self.path)
-            raise RuntimeError(f"faultfs could not mount {self.path}: {self._log_tail()}")
+            inside = sorted(str(path.relative_to(self.path)) for path in self.path.rglob("*"))
+            raise RuntimeError(f"faultfs could not mount {self.path} (holding {inside}): "
+                               f"{self._log_tail()}")
 
     def close(self) -> None:
         """Stop the file system and unmount, whatever state it is in."""

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from waiting import wait_for
 import ipycloud
 from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.per_process import reset_process_state
-from ipycloud.runtime.runs import RunRecordWarning, RunSummary, appender, read_run
+from ipycloud.runtime.runs import RunRecordWarning, RunSummary, appender, read_run, records
+from ipycloud.runtime.runs.appender import Appender
 from ipycloud.runtime.runs.records import RECORD_FOLDER, read_records
 from ipycloud.runtime.train.loop import fit
 
@@ -215,6 +217,42 @@ def test_lines_kept_while_the_storage_fails_are_written_once_it_answers(
     assert [row["step"] for row in run.steps] == list(range(1, 2 * STEPS_PER_EPOCH + 1))
     assert [event["event"] for event in run.events] == ["fallback", "fallback", "copied_back"]
     assert run.status == "finished"
+
+
+def appended_through(record: Appender, line: dict[str, int]) -> None:
+    """Queue ``line`` and wait until ``record``'s thread tried to write it (a task runs once
+    the lines before it are written or kept)."""
+    tried = threading.Event()
+    record.append(line)
+    record.call(tried.set)
+    assert tried.wait(10), "the record's thread never tried"
+
+
+@pytest.mark.parametrize("away", ["unmounted", "dead, then unmounted"])
+def test_a_record_leaves_the_bare_mount_point_alone_until_its_mount_returns(
+        faulty_mount: FaultyMount, monkeypatch: pytest.MonkeyPatch, away: str) -> None:
+    """A run's record begun while Drive was mounted, first written once the mount went
+    away: nothing may be made in the bare folder left below it (the returning mount would
+    hide it, and FUSE refuses to mount over it). A mount that died first (ENOTCONN) is still
+    known for the mount it was once it is only a bare folder."""
+    monkeypatch.setattr(appender, "RETRY_S", 0.05)
+    (faulty_mount.path / "checkpoints").mkdir()
+    log = faulty_mount.path / "checkpoints" / RECORD_FOLDER / "run.jsonl"
+    if away == "unmounted":
+        record = Appender(log, records.encode)
+        faulty_mount.unmount()
+    else:
+        faulty_mount.vanish()
+        record = Appender(log, records.encode)
+        appended_through(record, {"step": 0})
+        faulty_mount.unmount()
+    appended_through(record, {"step": 1})
+    assert list(faulty_mount.path.iterdir()) == [], "written into the bare mount point"
+    faulty_mount.come_back()
+    written = faulty_mount.backing / "checkpoints" / RECORD_FOLDER / "run.jsonl"
+    wait_for(lambda: written.exists() and written.read_text().endswith('{"step":1}\n'),
+             what="the lines once the mount is back")
+    record.close()
 
 
 def test_the_start_names_the_jupyter_kernel_and_its_notebook(

@@ -33,6 +33,8 @@ _TEMP_NAME = re.compile(rf"{re.escape(TEMP_PREFIX)}(\d+)-[0-9a-f]{{8}}-.")
 # Every file system allows a name this long, and one as long as any name it already holds.
 _SAFE_NAME_BYTES = 143
 LOCK_NAME = ".ipycloud.lock"
+# What a mount whose file system went away answers (a dead FUSE daemon, a stale NFS handle).
+LOST_MOUNT_ERRORS = frozenset({errno.ENOTCONN, errno.ESTALE})
 _CHUNK = 8 * 1024 * 1024  # read and checksummed in slices this size: as fast as a map
 # A process that started this long after a temporary file last changed is not its writer
 # (process start times are known to about a second).
@@ -247,14 +249,23 @@ def _mounted(mount: Path) -> bool:
 
 def mount_point(path: Path) -> Path | None:
     """The mount point of the file system that holds ``path`` or, where it is missing, its
-    nearest existing parent; None where that cannot be read (a lost mount)."""
+    nearest existing parent. Of a mount that no longer answers (ENOTCONN, ESTALE), the
+    outermost path that fails: its mount point. None where another error hides it."""
     path = Path(os.path.abspath(path))
-    try:
-        while path.parent != path and not (path.exists() and os.path.ismount(path)):
-            path = path.parent
-    except OSError:
-        return None
-    return path
+    lost: Path | None = None
+    while path.parent != path:
+        try:
+            if path.exists() and os.path.ismount(path):
+                return path
+        except OSError as error:
+            if error.errno not in LOST_MOUNT_ERRORS:
+                return None
+            lost = path
+        else:
+            if lost is not None:
+                return lost
+        path = path.parent
+    return lost or path
 
 
 def remove_path(path: str | os.PathLike[str]) -> None:

@@ -54,7 +54,9 @@ class Appender:
         self._waiting: deque[bytes] = deque()  # taken from the queue, not written yet
         self._offset = 0  # bytes of the first waiting line already written
         self._fd: int | None = None
-        self._mount: Path | None = None  # of the file's file system, as first seen
+        # of the file's file system, seen now: the thread's first write could come once
+        # a mount went away, when the bare folder below it would pass for the folder
+        self._mount = mount_point(path.parent)
         self._wake = threading.Event()  # write now
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
