@@ -399,3 +399,19 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path, kwargs: dict[str, Any], er
         fit(**arguments)
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("drop_last", "every", "saved"), [
+    (False, 3, [3, 6]),  # 20 samples in batches of 8: 8, 8, 4
+    (True, 2, [2, 4]),  # 8, 8 (the last 4 dropped)
+    (True, 3, [3, 4]),  # the run's last step, not due, saved at its end
+])
+def test_each_step_is_saved_once_when_a_save_is_due_at_an_epochs_last_step(
+        tmp_path: Path, drop_last: bool, every: int, saved: list[int]) -> None:
+    data = DataLoader(classification_data(samples=20), batch_size=8, shuffle=True,
+                      drop_last=drop_last)
+    model = mlp()
+    fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=2, device="cpu",
+        progress=False, checkpoint=CheckpointManager(tmp_path, keep_last=10),
+        checkpoint_every=every)
+    assert [info.step for info in CheckpointManager(tmp_path).list()] == saved

@@ -42,6 +42,7 @@ class EpochData:
         self.epoch = 0
         self.batches = 0  # batches this rank consumed in this epoch (after ``_start``)
         self._start = 0  # units all ranks had consumed in this epoch when this run began it
+        self._last_batch: int | None = None  # ``batches`` at this epoch's end, where known
         self._source = data
         self._loader, self._sampler, self._units_per_batch = _rebuild(data, seed, rank,
                                                                       world_size)
@@ -86,16 +87,13 @@ class EpochData:
         return self._consumed() > 0 if self._sampler is not None else self.batches > 0
 
     def at_epoch_end(self) -> bool:
-        """Whether this epoch's data is all consumed (known only for data with a length)."""
-        if self._sampler is not None:
-            return self._consumed() >= self._sampler.units()
-        try:
-            return self.batches >= len(self._source)  # type: ignore[arg-type]
-        except TypeError:
-            return False
+        """Whether this rank consumed the last batch of this epoch (known for data with a
+        length, once ``epoch_batches`` began the epoch)."""
+        return self._last_batch is not None and self.batches >= self._last_batch
 
     def next_epoch(self) -> None:
         self.epoch, self.batches, self._start = self.epoch + 1, 0, 0
+        self._last_batch = None
 
     def _consumed(self) -> int:
         return self._start + self.world_size * self.batches * self._units_per_batch
@@ -111,10 +109,7 @@ class EpochData:
             drop = getattr(self._loader, "drop_last", False)
             per_batch = self._units_per_batch
             return units // per_batch if drop else math.ceil(units / per_batch)
-        try:
-            return len(self._source)  # type: ignore[arg-type]
-        except TypeError:
-            return None
+        return _length(self._source)
 
     def check_reproducible(self) -> None:
         """ValueError when a custom sampler gives another order from the same seed."""
@@ -135,7 +130,9 @@ class EpochData:
         if self._loader is not None and self._sampler is not None:
             self._sampler.set_position(self.epoch, self._consumed())
             self._loader.generator.manual_seed(self.seed + self.epoch)  # worker seeds too
+            self._last_batch = self.batches + len(self._loader)  # drop_last counted
             return iter(self._loader)
+        self._last_batch = _length(self._source)
         if self.batches:
             warnings.warn(f"resuming mid-epoch reads and discards {self.batches} batches: "
                           "use a DataLoader over a map-style dataset to skip them without "
@@ -151,6 +148,14 @@ class EpochData:
             return None
         return (self._source.sampler if self._source.batch_size is not None
                 else self._source.batch_sampler)
+
+
+def _length(data: Any) -> int | None:
+    """``len(data)``, or None for data without one (a generator, an IterableDataset)."""
+    try:
+        return len(data)
+    except TypeError:
+        return None
 
 
 def _plain_sampler(data: Any) -> bool:
