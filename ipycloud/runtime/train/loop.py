@@ -848,16 +848,14 @@ class _Trainer:
         it loaded: a rank that looked for itself could see another (one being written,
         or the first rank's lease making the run look like another process's)."""
         if self.dist is None or self.dist.world_size == 1:
-            which = self._choose_checkpoint(manager, resume)
-            return None if which is None else self._load_checkpoint(manager, which)
+            return self._choose_and_load(manager, resume)
         import torch.distributed as dist
 
         chosen: list[Any] = [None]
         info = None
         if self.main:
             try:
-                which = self._choose_checkpoint(manager, resume)
-                info = None if which is None else self._load_checkpoint(manager, which)
+                info = self._choose_and_load(manager, resume)
                 chosen[0] = None if info is None else info.name
             except Exception as error:
                 chosen[0] = error
@@ -867,6 +865,10 @@ class _Trainer:
         if self.main or chosen[0] is None:
             return info
         return self._load_checkpoint(manager, chosen[0])
+
+    def _choose_and_load(self, manager: Any, resume: bool | str | int) -> Any:
+        which = self._choose_checkpoint(manager, resume)
+        return None if which is None else self._load_checkpoint(manager, which)
 
     def _choose_checkpoint(self, manager: Any, resume: bool | str | int) -> Any:
         """What ``resume`` asks to load from ``manager``'s folder, or None to start afresh."""
