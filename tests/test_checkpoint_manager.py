@@ -35,6 +35,7 @@ from ipycloud.runtime.checkpoint import (
     manager_for,
     writer_process,
 )
+from ipycloud.runtime.checkpoint import manager as manager_module
 from ipycloud.runtime.checkpoint.background import background_pays_off, tensor_devices
 from ipycloud.runtime.durable import folder_lock
 from ipycloud.runtime.machine import platform
@@ -417,6 +418,19 @@ def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: P
     waiter.join(30)
     assert manager.wait().step == 1  # type: ignore[union-attr]
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own policy is untouched
+
+
+def test_a_background_save_that_ended_leaves_no_priority_timer_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer that would end a save's idle priority ends with the save (a cell rerun
+    over and over would otherwise pile up threads)."""
+    monkeypatch.setattr(manager_module, "IDLE_PRIORITY_S", 600.0)
+    manager = CheckpointManager(tmp_path / "run")
+    manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
+    assert manager.wait().step == 1  # type: ignore[union-attr]
+    wait_for(lambda: not any(thread.name == manager_module.PRIORITY_TIMER_NAME
+                             for thread in threading.enumerate()),
+             what="the priority timer's end")
 
 
 @pytest.fixture

@@ -194,10 +194,12 @@ class CheckpointManager:
         self._pending = CheckpointInfo(name=catalog.base_name(step, tag),
                                        directory=self.directory, sequence=0,
                                        status=catalog.WRITING, **details)
-        self._writer.submit(lambda: self._write_in_background(details, staged, write_data))
-        # The timer holds the manager weakly: one dropped meanwhile closes its writer.
+        # The timer holds the manager weakly (one dropped meanwhile closes its writer), and
+        # the save's end cancels it (its thread ends then, not seconds later).
         deadline = threading.Timer(IDLE_PRIORITY_S, _hurry_if_alive, (weakref.ref(self),))
-        deadline.daemon = True
+        deadline.name, deadline.daemon = PRIORITY_TIMER_NAME, True
+        self._writer.submit(
+            lambda: self._write_in_background(details, staged, write_data, deadline))
         deadline.start()
         return None
 
@@ -325,12 +327,13 @@ class CheckpointManager:
             return None
 
     def _write_in_background(self, details: dict[str, Any], payload: dict[str, Any],
-                             write_data: WriteData) -> None:
+                             write_data: WriteData, deadline: threading.Timer) -> None:
         try:
             self._write(details, payload, write_data)
         except BaseException as error:  # kept for the next call, never lost
             self._failure = error
         finally:
+            deadline.cancel()
             self._pending = None
 
     def _write(self, details: dict[str, Any], payload: dict[str, Any],
@@ -780,6 +783,7 @@ def _versions() -> dict[str, str | None]:
 
 
 _LIVE_MANAGERS: weakref.WeakSet[CheckpointManager] = weakref.WeakSet()
+PRIORITY_TIMER_NAME = "ipycloud-save-priority"  # the thread that ends a save's idle priority
 
 
 def _hurry_if_alive(manager: weakref.ref[CheckpointManager]) -> None:
