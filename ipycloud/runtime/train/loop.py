@@ -333,7 +333,7 @@ class _Trainer:
             if self.main:
                 keep_machine("it does not apply inside launch, whose ranks share the machine")
         elif self.saver is not None:
-            release_when_safe(self.saver)
+            release_when_safe(self.saver, self.step)
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
         while not self._finished():
