@@ -122,7 +122,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       scalar, or ``outputs.loss``) uses that, and logits with integer class labels use
       cross-entropy (labels of -100 skipped). Anything else needs ``loss_fn``.
     - ``val_data`` is evaluated after every epoch: ``val_loss``, ``val_accuracy`` for
-      classifiers, and ``val_<name>`` for each of ``metrics={name: fn(predictions, labels)}``.
+      classifiers, and ``val_<name>`` for each of ``metrics={name: fn(predictions, labels)}``;
+      a value that is NaN or infinite is never the best or an improvement.
     - ``device="auto"`` picks CUDA, then XLA, then MPS, then CPU; ``precision="auto"``
       picks bf16 where the accelerator runs it natively, fp16 with a GradScaler on older
       GPUs, fp32 on CPUs.
@@ -152,8 +153,9 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     - ``release=True`` (with ``checkpoint=``) gives the machine back once the run has
       finished or stopped early, its final checkpoint read back and verified and every
       background sync of its folder through a final pass: on Colab the runtime is
-      unassigned, elsewhere the kernel ends after this cell (a script ends). A run that
-      fails or pauses, or a save or sync that fails, keeps the machine and says why.
+      unassigned (only with the run on Drive, or synced there, and Drive flushed),
+      elsewhere the kernel ends after this cell (a script ends). A run that fails or
+      pauses, or a save, sync or flush that fails, keeps the machine and says why.
     Inside ``ipycloud.launch`` the model is wrapped in DDP, each rank reads its share of
     the data, and only rank 0 writes checkpoints and shows progress.
     """
