@@ -120,6 +120,8 @@ def _kept_off_colab(folder: Path, syncs: list[BackgroundSync]) -> str | None:
     if any(filesystem.filesystem_type(place) == filesystem.DRIVE for place in lasting):
         from google.colab import drive
 
+        print(f"{PREFIX}pushing the writes Drive's mount still caches to Drive "
+              "(google.colab.drive.flush_and_unmount) before releasing", flush=True)
         try:
             drive.flush_and_unmount(timeout_ms=int(DRIVE_FLUSH_WAIT_S * 1000))
         except Exception as error:  # Colab raises ValueError when the push fails
