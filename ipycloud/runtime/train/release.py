@@ -11,9 +11,8 @@ destination of a sync of it, off the machine's own disk. Drive's mount caches wr
 where the run is on Drive, ``google.colab.drive.flush_and_unmount()`` pushes them first
 (its failure keeps the machine). Then the runtime is unassigned
 (``google.colab.runtime.unassign()``): the notebook disconnects and the machine, GPU and
-billing end. Elsewhere the kernel ends once the cell
-is done, as ``exit`` does (a Jupyter server may start a fresh, idle one); outside a kernel,
-the script ends with SystemExit.
+billing end. Elsewhere the kernel ends once the cell is done, as ``exit`` does (a Jupyter
+server may start a fresh, idle one); outside a kernel, the script ends with SystemExit.
 """
 
 from __future__ import annotations
