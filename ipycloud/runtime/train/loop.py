@@ -70,6 +70,7 @@ from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
 from ipycloud.runtime.train.stop_vote import StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
+from ipycloud.runtime.train.workers import LoaderIterators
 from ipycloud.runtime.train.xla import OnCpu
 from ipycloud.runtime.units import counted
 
@@ -191,6 +192,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         if isinstance(error, FitInterrupted):  # raised again here: no frames of the loop shown
             raise error.with_traceback(None) from None
         raise
+    finally:
+        trainer.loaders.close()  # however the run ended: no worker outlives fit
     if release:
         trainer.release()
     return history
@@ -219,6 +222,7 @@ class _Trainer:
         self.history = History(device=str(self.device), precision=plan.precision.name)
         self.step = 0  # optimizer steps taken
         self.data: EpochData = None  # type: ignore[assignment]  # set when the run starts
+        self.loaders = LoaderIterators()  # what the run reads, its workers ended after it
         self.xla = plan.choice.kind == "xla"
         self._losses: list[Any] = []  # step losses since the last read, on the device
         self._window: list[float] = []  # step losses read since the last logged row
@@ -252,7 +256,7 @@ class _Trainer:
         if manager is not None:
             self.saver = resilient_saver(manager)
         resumed = self._resume(manager, resume) if manager is not None else None
-        self.data = EpochData(train_data, self.seed, *self._rank_and_world())
+        self.data = EpochData(train_data, self.seed, *self._rank_and_world(), self.loaders)
         if resumed is not None:
             self.data.resume(resumed.data_position or {})
             self._saved_at = self._position()
@@ -573,8 +577,8 @@ class _Trainer:
         if val_data is not None:
             self._enter(VALIDATING)
             self.model.eval()
-            logs.update(validate(self._forward, self._on_device(val_data), self.plan.metrics,
-                                 self.shifted))
+            logs.update(validate(self._forward, self._on_device(self.loaders.iterate(val_data)),
+                                 self.plan.metrics, self.shifted))
             self.model.train()
             self._phase = TRAINING
         if self._steps_on_metric:
