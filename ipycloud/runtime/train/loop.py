@@ -323,11 +323,35 @@ class _Trainer:
         self._phase = ENDING
         if _out_of_memory(error):
             self.followers.tell("happened", "out_of_memory", _first_line(error))
-        self._tell_end(PAUSED if isinstance(error, KeyboardInterrupt) else FAILED,
-                       _first_line(error))
+        if isinstance(error, KeyboardInterrupt):
+            self._tell_end(*self._interrupted(error))
+        else:
+            self._tell_end(FAILED, _first_line(error))
         if self.saver is not None:
             with contextlib.suppress(Exception):
                 self.saver.wait()
+
+    def _interrupted(self, error: KeyboardInterrupt) -> tuple[str, str]:
+        """How an interrupt ended the run: paused where a checkpoint holds the step it
+        stopped at (or none was asked for); failed where it stopped at once (a second
+        interrupt) before saving that step, saying which checkpoint a rerun continues
+        from. Waits for a save still being written, and records it (only the first rank
+        saves)."""
+        if isinstance(error, FitInterrupted) or self.saver is None or not self.main:
+            return PAUSED, _first_line(error)
+        with contextlib.suppress(Exception):
+            self._report_checkpoint(self.saver.wait())  # recorded before the end
+        newest = self.saver.newest
+        if newest is not None and newest.step == self.step:
+            return PAUSED, _first_line(error)
+        where = (f"the newest checkpoint is step {newest.step}: rerunning continues from it"
+                 if newest is not None else
+                 "no checkpoint of this run was saved: rerunning starts over")
+        line = (f"ipycloud.fit: interrupted at step {self.step} and stopped at once, "
+                f"without saving it; {where}")
+        self._bar.close()
+        print(line, flush=True)
+        return FAILED, f"KeyboardInterrupt: {line}"
 
     def release(self) -> None:
         """Give the machine back after a run that ended well (``fit(release=True)``)."""
