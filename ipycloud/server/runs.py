@@ -17,7 +17,6 @@ resolved, is not the server's unless a kernel of its own named it.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.monitor import strict_json
-from ipycloud.runtime.monitor.run_tail import LogTail, read_regular
+from ipycloud.runtime.monitor.run_tail import LogTail, index_entry
 from ipycloud.runtime.runs import records
 
 Json = dict[str, Any]
@@ -41,7 +40,6 @@ SCAN_FRESH_S = 5.0  # its findings serve this long
 FRESH_S = 1.0  # the view of the runs serves this long before it is made again
 FIRST_VIEW_WAIT_S = 20.0  # a request finding the first view being made waits this long
 RUNS_THREADS = 4  # the threads answering the runs routes
-INDEX_ENTRY_BYTES = 1 << 16  # an entry of the index longer than this is none
 SKIPPED_FOLDERS = frozenset({"node_modules", "__pycache__", "site-packages"})  # and hidden ones
 
 
@@ -195,7 +193,7 @@ class RunFinder:
         state = (status.st_ino, status.st_size, status.st_mtime_ns)
         known = self._index.get(path)
         if known is None or known[0] != state:
-            known = (state, _entry(path))
+            known = (state, index_entry(path))
             self._index[path] = known
         return known[1]
 
@@ -252,14 +250,6 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
-
-
-def _entry(path: Path) -> Json | None:
-    try:
-        entry = json.loads(read_regular(path, INDEX_ENTRY_BYTES))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
 
 
 def _updated(summary: Json) -> float:

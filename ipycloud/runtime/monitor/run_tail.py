@@ -5,7 +5,8 @@ A log is opened only where it is a regular file, never through a link and never 
 (a FIFO put in its place is refused, not waited on). Each look reads only the bytes
 appended since the last one; a log replaced, cut, or cut and written again in place is
 read afresh. What is kept of a log is bounded: its last RECENT_RECORDS records, and, of the
-older ones, what its summary needs (its starts, last end, last steps, epochs, and counts).
+older ones, what its summary needs (its starts, last end, last steps, epochs, events and
+checkpoints, and counts of those let go).
 A line that is not a record (damaged, too deep, a time that is not a finite date) is
 skipped, counted in one warning per look.
 """
@@ -13,6 +14,7 @@ skipped, counted in one warning per look.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import math
 import os
@@ -25,7 +27,7 @@ from typing import Any
 
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.summary import LIVE, summarize
+from ipycloud.runtime.runs.summary import LIVE, RunSummary, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +36,13 @@ Json = dict[str, Any]
 RECENT_RECORDS = 2000  # the last records of a log kept as they are
 KEPT_STEPS = 64  # of the older step rows, the last ones (the last loss, the speed)
 KEPT_EPOCHS = 10_000  # of the older epochs (the best so far), the last ones
+KEPT_NOTES = 1000  # of the older events, and of the checkpoints, the last ones
 RECORDS_LIMIT = 10_000  # records one answer gives at most: the first ones after ``since``
 CHUNK = 1 << 20  # bytes read at a time
 CHECKED = 256  # bytes at the log's start and before the last look's end, compared again
 MAX_T = 253_402_300_799.0  # the last second of the year 9999: later is no date
 MAX_INT = 2**63  # a step or epoch as large is no count
+INDEX_ENTRY_BYTES = 1 << 16  # an entry of the index longer than this is none
 MAX_LINE = 1 << 20  # bytes of a line at most: a longer one is not a record
 OVERLONG = b"\0"  # what stands for such a line
 
@@ -65,6 +69,16 @@ def read_regular(path: Path, limit: int) -> bytes:
             return file.read(limit)
     finally:
         os.close(descriptor)
+
+
+def index_entry(path: Path) -> Json | None:
+    """An entry of the user's index of runs, read as open_regular reads (a FIFO in the
+    index is never waited on); None where it is not one."""
+    try:
+        entry = json.loads(read_regular(path, INDEX_ENTRY_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
 
 
 def parse_line(line: bytes) -> Json | None:
@@ -98,8 +112,10 @@ class _Folded:
     end: Json | None = None
     steps: list[Json] = field(default_factory=list)
     epochs: list[Json] = field(default_factory=list)
-    events: int = 0
-    checkpoints: int = 0
+    notes: dict[str, list[Json]] = field(  # the last events and checkpoints
+        default_factory=lambda: {records.EVENT: [], records.CHECKPOINT: []})
+    dropped: dict[str, int] = field(  # and how many older ones were let go
+        default_factory=lambda: {records.EVENT: 0, records.CHECKPOINT: 0})
     count: int = 0  # records folded in
 
     def add(self, record: Json) -> None:
@@ -118,17 +134,18 @@ class _Folded:
             self.steps = [*self.steps[1 - KEPT_STEPS:], record]
         elif kind == records.EPOCH:
             self.epochs = [*self.epochs[1 - KEPT_EPOCHS:], record]
-        elif kind == records.EVENT:
-            self.events += 1
         else:
-            self.checkpoints += 1
+            kept = [*self.notes[kind], record]
+            self.dropped = {**self.dropped, kind: self.dropped[kind] + len(kept[:-KEPT_NOTES])}
+            self.notes = {**self.notes, kind: kept[-KEPT_NOTES:]}
 
     def lines(self) -> list[Json]:
         """The folded records in the log's order (by time: fit writes them in order)."""
         kept = [start for start in (self.first_start, self.start) if start is not None]
         if len(kept) == 2 and kept[0] is kept[1]:
             kept.pop()
-        kept += [*self.steps, *self.epochs, *([self.end] if self.end else [])]
+        kept += [*self.steps, *self.epochs, *self.notes[records.EVENT],
+                 *self.notes[records.CHECKPOINT], *([self.end] if self.end else [])]
         return sorted(kept, key=lambda record: float(record["t"]))
 
 
@@ -172,6 +189,11 @@ class LogTail:
                                failure)
                 self._failure = failure
         return self.summary is not None
+
+    def run(self) -> RunSummary:
+        """The run as the records kept tell it (all but the events and checkpoints past
+        KEPT_NOTES of each)."""
+        return _run(self.path, self._kept)
 
     def records_after(self, since: float | None) -> list[Json]:
         """The first RECORDS_LIMIT records whose time is after ``since`` (all: None), from
@@ -233,10 +255,14 @@ def _appended(path: Path, descriptor: int, status: os.stat_result, kept: _Kept) 
 
 
 def _summarize(path: Path, kept: _Kept) -> Json:
-    summary = summarize(path, [*kept.folded.lines(), *kept.recent]).to_json()
-    summary["events"] += kept.folded.events
-    summary["checkpoints"] += kept.folded.checkpoints
+    summary = _run(path, kept).to_json()
+    summary["events"] += kept.folded.dropped[records.EVENT]
+    summary["checkpoints"] += kept.folded.dropped[records.CHECKPOINT]
     return summary
+
+
+def _run(path: Path, kept: _Kept) -> RunSummary:
+    return summarize(path, [*kept.folded.lines(), *kept.recent])
 
 
 def _after(found: Iterator[Json], since: float | None) -> list[Json]:
