@@ -191,3 +191,22 @@ def test_a_live_log_is_read_from_where_the_last_look_ended(tmp_path: Path) -> No
     found = finder.run(LIVE, (), None)
     assert found is not None
     assert [line["step"] for line in found[1] if line["kind"] == "step"] == list(range(1, 22))
+
+
+def test_a_long_log_is_paged_through_with_since_each_record_once(tmp_path: Path) -> None:
+    """A client that passes the time of the last record it got gets a 25,001-record log
+    in pages of at most 10,000, every record once, in order."""
+    write_run(in_folder(tmp_path, LIVE), LIVE, steps=25_000)
+    finder = RunFinder(tmp_path, background=inline)
+    got: list[float] = []
+    pages = 0
+    while True:
+        found = finder.run(LIVE, (), got[-1] if got else None)
+        assert found is not None
+        if not found[1]:
+            break
+        assert len(found[1]) <= 10_000
+        got += [line["t"] for line in found[1]]
+        pages += 1
+    assert got == [T0 + step for step in range(25_001)]
+    assert pages == 3

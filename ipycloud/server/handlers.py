@@ -143,7 +143,9 @@ class RunsHandler(_Handler):
     @authorized
     async def get(self) -> None:
         runs, kernels = self.services.runs, self.services.kernels.kernel_ids()
-        self.answer_encoded(await self.from_runs(lambda: runs.runs_json(kernels)))
+        ready = runs.ready_json(kernels)  # a view there: answered at once, off any thread
+        self.answer_encoded(ready if ready is not None
+                            else await self.from_runs(lambda: runs.runs_json(kernels)))
 
 
 class RunHandler(_Handler):

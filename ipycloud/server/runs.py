@@ -83,10 +83,26 @@ class RunFinder:
         self._tails: dict[Path, LogTail] = {}  # as the last view followed them
         self._index: dict[Path, tuple[tuple[int, int, int], Json | None]] = {}
 
+    def prepare(self, kernels: Collection[str]) -> None:
+        """Start making the view for ``kernels`` in the background, unless a making is
+        under way."""
+        if self._start_making():
+            self._background(lambda: self._make_and_release(kernels))
+
     def summaries(self, kernels: Collection[str]) -> list[Json]:
         """The summary (RunSummary JSON) of each run, newest first; ``kernels`` are the ids
         of the server's kernels. RunsNotReady while the first view is being made."""
         return self._current(kernels).summaries
+
+    def ready_json(self, kernels: Collection[str]) -> str | None:
+        """The ``runs`` route's answer where a view for ``kernels`` is there, without
+        reading a file (a view that is due is made in the background); else None."""
+        view = self._view
+        if view is None or view.kernels != kernels:
+            return None
+        if self._clock() - view.made_at >= FRESH_S:
+            self.prepare(kernels)
+        return view.body
 
     def runs_json(self, kernels: Collection[str]) -> str:
         """The ``runs`` route's answer (strict JSON), as ``summaries``."""
@@ -117,13 +133,13 @@ class RunFinder:
             stale, due = False, self._clock() - view.made_at >= FRESH_S
         else:
             stale = due = True
-        if due and self._start_making():
-            if stale:
-                try:
-                    return self._make(kernels)
-                finally:
-                    self._done_making()
-            self._background(lambda: self._make_and_release(kernels))
+        if stale and self._start_making():
+            try:
+                return self._make(kernels)
+            finally:
+                self._done_making()
+        if due and not stale:
+            self.prepare(kernels)
         current = self._view
         if current is None and self._made.wait(FIRST_VIEW_WAIT_S):
             current = self._view

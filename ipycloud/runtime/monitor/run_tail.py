@@ -38,6 +38,7 @@ KEPT_STEPS = 64  # of the older step rows, the last ones (the last loss, the spe
 KEPT_EPOCHS = 10_000  # of the older epochs (the best so far), the last ones
 KEPT_NOTES = 1000  # of the older events, and of the checkpoints, the last ones
 RECORDS_LIMIT = 10_000  # records one answer gives at most: the first ones after ``since``
+MARK_EVERY = 10_000  # records between two places in a log noted, to read it again from
 CHUNK = 1 << 20  # bytes read at a time
 CHECKED = 256  # bytes at the log's start and before the last look's end, compared again
 MAX_T = 253_402_300_799.0  # the last second of the year 9999: later is no date
@@ -159,6 +160,8 @@ class _Kept:
     checked: bytes = b""  # the log's _fingerprint as the look left it
     recent: tuple[Json, ...] = ()
     folded: _Folded = field(default_factory=_Folded)
+    marks: tuple[tuple[float, int], ...] = ()  # (t, offset) of every MARK_EVERY-th record
+    records: int = 0  # records read in all
 
 
 class LogTail:
@@ -202,7 +205,9 @@ class LogTail:
         oldest = kept.recent[0]["t"] if kept.recent else math.inf
         if not kept.folded.count or (since is not None and since >= oldest):
             return _after(iter(kept.recent), since)
-        return _after(self._reread(kept.offset), since)
+        start = max((offset for when, offset in kept.marks if since is not None and when <= since),
+                    default=0)  # the log is in time order: what lies before is not after since
+        return _after(self._reread(start, kept.offset), since)
 
     def _look(self) -> None:
         descriptor = open_regular(self.path)
@@ -219,10 +224,10 @@ class LogTail:
             os.close(descriptor)
         self.summary = _summarize(self.path, self._kept)
 
-    def _reread(self, stop: int) -> Iterator[Json]:
+    def _reread(self, start: int, stop: int) -> Iterator[Json]:
         descriptor = open_regular(self.path)
         try:
-            for line, _ in _whole_lines(descriptor, 0, stop):
+            for line, _ in _whole_lines(descriptor, start, stop):
                 record = parse_line(line) if line.strip() else None
                 if record is not None:
                     yield record
@@ -238,9 +243,10 @@ def _appended(path: Path, descriptor: int, status: os.stat_result, kept: _Kept) 
             or _fingerprint(descriptor, kept.offset) != kept.checked):
         kept = _Kept(identity)
     recent, folded, offset = deque(kept.recent), replace(kept.folded), kept.offset
+    marks, count = list(kept.marks), kept.records
     skipped = 0
     for line, end in _whole_lines(descriptor, kept.offset, status.st_size):
-        offset = end
+        begins, offset = offset, end
         record = parse_line(line) if line.strip() else None
         if record is None:
             skipped += bool(line.strip())
@@ -248,10 +254,14 @@ def _appended(path: Path, descriptor: int, status: os.stat_result, kept: _Kept) 
         if len(recent) == RECENT_RECORDS:
             folded.add(recent.popleft())
         recent.append(record)
+        if count % MARK_EVERY == 0:
+            marks.append((float(record["t"]), begins))
+        count += 1
     if skipped:
         logger.warning("ipycloud skipped %d lines of the run log %s that are not records",
                        skipped, path)
-    return _Kept(identity, offset, _fingerprint(descriptor, offset), tuple(recent), folded)
+    return _Kept(identity, offset, _fingerprint(descriptor, offset), tuple(recent), folded,
+                 tuple(marks), count)
 
 
 def _summarize(path: Path, kept: _Kept) -> Json:
