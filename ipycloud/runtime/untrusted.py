@@ -30,19 +30,25 @@ class TooLarge(ValueError):
     """A file longer than its reader takes."""
 
 
+class NotRegular(OSError):
+    """A path that is no regular file to read: a symlink not followed, a FIFO, a device,
+    a folder."""
+
+
 def open_regular(path: str | os.PathLike[str], follow_links: bool = False) -> int:
-    """A descriptor of the regular file at ``path``, opened to read. Raises OSError for a
-    symlink (unless ``follow_links``), a FIFO, a device or a folder, without blocking."""
+    """A descriptor of the regular file at ``path``, opened to read. Raises NotRegular
+    for a symlink (unless ``follow_links``), a FIFO, a device or a folder, without
+    blocking; the OSError of a path that cannot be opened."""
     flags = os.O_RDONLY | os.O_CLOEXEC | _NONBLOCK | (0 if follow_links else _NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError as error:
         if error.errno == errno.ELOOP and not follow_links:
-            raise OSError(errno.ELOOP, "a symbolic link, not followed", str(path)) from None
+            raise NotRegular(errno.ELOOP, "a symbolic link, not followed", str(path)) from None
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+            raise NotRegular(errno.EINVAL, "not a regular file", str(path))
     except BaseException:
         os.close(fd)
         raise
@@ -68,6 +74,9 @@ def load_json(data: bytes | str) -> Any:
                            parse_constant=_no_constant)
     except RecursionError:
         raise ValueError("JSON nested too deep") from None
+    text = data if isinstance(data, bytes) else data.encode(errors="surrogatepass")
+    if text.count(b"[") + text.count(b"{") <= MAX_DEPTH and b"\\u" not in text:
+        return value  # nested no deeper than it has brackets, and no escape to check
     return _checked(value, 0)
 
 

@@ -90,8 +90,17 @@ def read_index_entry(path: Path) -> dict[str, Any] | None:
     """An entry of the user's index of runs, which names its log; None where it is missing
     or not one."""
     try:
-        entry = load_json(read_small(path, MAX_INDEX_ENTRY))
+        return parse_index_entry(read_small(path, MAX_INDEX_ENTRY))
     except (OSError, ValueError):
+        return None
+
+
+def parse_index_entry(data: bytes) -> dict[str, Any] | None:
+    """The entry of the index a file holding ``data`` is; None where it is not one (not a
+    JSON object naming its log as a path)."""
+    try:
+        entry = load_json(data)
+    except ValueError:
         return None
     log = entry.get("log") if isinstance(entry, dict) else None
     return entry if isinstance(log, str) and log and "\0" not in log else None
@@ -281,7 +290,7 @@ def parse_record(line: bytes) -> dict[str, Any] | None:
         value = record.get(name)
         if not (is_count(value) if kind is int else isinstance(value, kind)):
             return None
-    return _bounded(record, 0)
+    return record if len(line) <= MAX_TEXT else _bounded(record, 0)  # short: bounded as is
 
 
 def _bounded(value: Any, depth: int) -> Any:
