@@ -88,6 +88,8 @@ def test_an_index_entry_of_any_bytes(data: bytes) -> None:
 @given(file_contents(MANIFEST))
 @example(DEEP)
 @example(json.dumps({**MANIFEST, "time": float("inf")}).encode())
+@example(json.dumps({**MANIFEST, "time": 1e300}).encode())
+@example(json.dumps({**MANIFEST, "time": None}).encode())
 @example(json.dumps({**MANIFEST, "metrics": {"val_loss": float("nan")}}).encode())
 @example(json.dumps({**MANIFEST, "keep_best": ["val_loss", "min", 10**400]}).encode())
 def test_a_manifest_of_any_bytes(data: bytes) -> None:

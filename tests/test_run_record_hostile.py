@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 
 from ipycloud.cli import main
-from ipycloud.runtime.runs import RunRecordWarning, runs
+from ipycloud.runtime.runs import RunRecordWarning, log_reader, runs
 from ipycloud.runtime.runs.following import read_log
 from ipycloud.runtime.runs.records import RECORD_FOLDER, index_dir
 from ipycloud.runtime.runs.summary import MAX_STEP_ROWS
+from ipycloud.runtime.runs.watch import RunWatch
 from ipycloud.runtime.untrusted import open_regular
 
 RUN, OTHER = "a1b2c3d4e5f6", "0123456789ab"
@@ -296,3 +297,24 @@ def test_runs_of_a_parent_folder_are_found_in_its_subfolders(tmp_path: Path) -> 
     assert "2 runs under" in out and RUN in out and OTHER in out
     assert "a/ck" in out  # where each run lies
     assert {run.id for run in runs(tmp_path / "projects")} == {RUN, OTHER}
+
+
+def test_following_a_fast_log_hands_on_a_bounded_number_of_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(log_reader, "MAX_APPENDED", 100)
+    log = write_log(tmp_path, [start(total_steps=10**6),
+                               *(step(number, T0 + number / 100) for number in range(1, 5001))])
+    watch = RunWatch(log)
+
+    first = watch.look()
+    assert (len(first.appended), first.renewed, watch.summary.step) == (100, True, 5000)
+    with open(log, "ab") as file:  # fewer than a look hands on: they come as they are
+        file.write(lines_of([step(number, T0 + number / 100) for number in range(5001, 5011)]))
+    more = watch.look()
+    assert ([line["step"] for line in more.appended], more.renewed) == (
+        list(range(5001, 5011)), False)
+    with open(log, "ab") as file:  # more: the view is built again from the summary's rows
+        file.write(lines_of([step(number, T0 + number / 100) for number in range(5011, 5500)]))
+    burst = watch.look()
+    assert (len(burst.appended), burst.renewed, burst.appended[-1]["step"]) == (100, True, 5499)
+    assert len(watch.summary.steps) <= MAX_STEP_ROWS
