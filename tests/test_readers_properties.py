@@ -185,7 +185,7 @@ def test_any_failed_sync_record_is_read(state_home: Path, data: bytes | None) ->
         failure.describe()
 
 
-@EXAMPLES
+@settings(EXAMPLES, max_examples=30)
 @given(LOGS, st.sampled_from(["file", "fifo", "symlink"]))
 def test_a_folder_with_any_log_is_listed(tmp_path: Path, lines: list[bytes],
                                          kind: str) -> None:

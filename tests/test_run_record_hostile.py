@@ -270,7 +270,7 @@ def test_a_damaged_line_warns_once_however_often_the_log_is_read(tmp_path: Path)
 
 
 def test_a_long_log_is_summed_up_from_a_bounded_number_of_rows(tmp_path: Path) -> None:
-    count = 50_000
+    count = 10_000
     log = tmp_path / RECORD_FOLDER / f"{RUN}.jsonl"
     log.parent.mkdir()
     with open(log, "wb") as file:
