@@ -67,7 +67,7 @@ def format_duration(seconds: float | None) -> str:
     """Seconds as ``12 h`` or ``1 h 30 min``; None as "none known"."""
     if seconds is None:
         return "none known"
-    if seconds < 60:
+    if seconds < 60 or not math.isfinite(seconds):  # NaN and infinity: "nan s", "inf s"
         return f"{seconds:.0f} s"
     hours, minutes = divmod(round(seconds / 60), 60)
     parts = [f"{hours} h"] if hours else []

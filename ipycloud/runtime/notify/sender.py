@@ -24,7 +24,7 @@ from typing import Any
 
 from ipycloud.runtime.messages import describe_error, scrub
 from ipycloud.runtime.notify.quiet import quieted
-from ipycloud.runtime.notify.urls import all_urls, mask, secret_parts
+from ipycloud.runtime.notify.urls import all_urls, instantiate, mask, secret_parts
 from ipycloud.runtime.per_process import per_process
 
 __all__ = ["KINDS", "MIN_INTERVAL_S", "Alert", "Notifier", "notifier", "send_now"]
@@ -129,8 +129,8 @@ def send_now(alert: Alert, log_failures: bool = True) -> list[tuple[str, str | N
     severity = _SEVERITY.get(alert.kind, "info")
     results = []
     for url in all_urls():
+        service = instantiate(apprise, url)
         with quieted() as heard:
-            service = apprise.Apprise.instantiate(url)
             sent = service is not None and bool(
                 service.notify(body=alert.body, title=alert.title, notify_type=severity))
         problem = None if sent else scrub(heard[0] if heard else "Apprise gave no reason",

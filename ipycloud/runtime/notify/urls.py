@@ -14,6 +14,7 @@ import os
 import stat
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.durable import write_bytes_atomically
@@ -43,7 +44,7 @@ def saved_urls() -> list[str]:
         content = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # JSON nested too deep: Recursion...
         raise ValueError(f"cannot read {path}: {type(error).__name__}: fix or delete it") from None
     urls = content.get("urls") if isinstance(content, dict) else None
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
@@ -107,12 +108,20 @@ def list_urls() -> list[str]:
 def check_url(url: str) -> None:
     """ValueError (one line) unless Apprise can send to ``url``."""
     apprise = require("apprise", "notify")
-    with quieted():
-        service = apprise.Apprise.instantiate(url) if url else None
-    if service is None:
+    if instantiate(apprise, url) is None:
         shown = mask(url) if "://" in url else "the text given"
         raise ValueError(f"{shown} is not a URL Apprise can send to: see "
                          "https://github.com/caronc/apprise/wiki for each service's form")
+
+
+def instantiate(apprise: Any, url: str) -> Any:
+    """Apprise's service for ``url``, None where Apprise cannot read it (some malformed URLs
+    make it raise rather than answer None), with its logs kept in."""
+    with quieted():
+        try:
+            return apprise.Apprise.instantiate(url) if url else None
+        except Exception:
+            return None
 
 
 def mask(url: str) -> str:
