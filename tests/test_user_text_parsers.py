@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from user_text_parsers import VALID_SAMPLES, MagicLines, Parser, outcome, parsers
+from user_text_parsers import MAGICS, VALID_SAMPLES, Parser, magic_lines, outcome, parsers
 
 from ipycloud.runtime.notify import urls
 
@@ -37,7 +37,7 @@ JSON_DOCUMENTS = st.recursive(
 
 @pytest.fixture(scope="module")
 def all_parsers() -> Iterator[dict[str, Parser]]:
-    yield {parser.name: parser for parser in parsers(MagicLines())}
+    yield {parser.name: parser for parser in parsers(magic_lines())}
 
 
 def texts(name: str) -> st.SearchStrategy[str]:
@@ -55,7 +55,7 @@ def documents(name: str) -> st.SearchStrategy[bytes]:
 
 
 @pytest.mark.parametrize("name", ["duration", "size", "magic_durations", "guard_settings",
-                                  "magic_line"])
+                                  *(f"magic_line %{magic}" for magic in MAGICS)])
 def test_any_text_gets_a_value_or_a_one_line_refusal(all_parsers: dict[str, Parser],
                                                      name: str) -> None:
     @SETTINGS
@@ -69,8 +69,8 @@ def test_any_text_gets_a_value_or_a_one_line_refusal(all_parsers: dict[str, Pars
 @settings(max_examples=100, deadline=None)
 @given(text=texts("alert_url"))
 def test_any_alert_url_is_masked_and_checked_in_one_line(text: str) -> None:
-    outcome(Parser("alert_url", "text", parsers(lambda line: None)[4].read, (ValueError,)),
-            text)
+    (alert_url,) = [parser for parser in parsers([]) if parser.name == "alert_url"]
+    outcome(alert_url, text)
 
 
 @pytest.mark.parametrize("name", ["notify_json", "kaggle_json", "price_file"])
@@ -82,6 +82,11 @@ def test_any_file_gets_a_value_or_a_one_line_refusal(all_parsers: dict[str, Pars
         outcome(all_parsers[name], data)
 
     check()
+
+
+def test_a_mask_shows_no_more_than_a_scheme() -> None:
+    assert urls.mask("my\nsecret token://x/y") == "…"
+    assert urls.mask("ntfys://ntfy.sh/topic") == "ntfys://ntfy.sh/…"
 
 
 @pytest.mark.parametrize("data", [b"[" * 100_000 + b"]" * 100_000,

@@ -82,11 +82,12 @@ def _is_number(text: str) -> bool:
 
 def alert_url(text: str) -> str:
     """An alert URL: its masked form and its secret parts never fail, and the masked form
-    holds none of the secret parts of the path; then Apprise's check."""
+    shows none of the secret parts after its host; then Apprise's check."""
     masked = urls.mask(text)
     parts = urls.secret_parts(text)
     assert "\n" not in masked
-    assert all(part not in masked.rpartition("/")[2] for part in parts if len(part) > 1)
+    after_the_host = masked.partition("://")[2].rpartition("/")[2]  # "…" where all is well
+    assert all(part not in after_the_host for part in parts if len(part) > 1), masked
     urls.check_url(text)
     return masked
 
@@ -136,35 +137,34 @@ def price_file(data: bytes) -> object:
     return table
 
 
-class MagicLines:
-    """``parse_line`` of each magic of a real shell with ipycloud loaded."""
+def magic_lines() -> list[Parser]:
+    """``parse_line`` of each magic of a real shell with ipycloud loaded: a Namespace, the
+    help page's request, or a UsageError of one line."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
 
-    def __init__(self) -> None:
-        from IPython.core.interactiveshell import InteractiveShell
-        from traitlets.config import Config
-
-        config = Config()
-        config.HistoryManager.hist_file = ":memory:"
-        config.UsageRecording.enabled = False
-        shell = InteractiveShell.instance(config=config)
-        shell.run_line_magic("load_ext", "ipycloud")
-        self.magics = [shell.find_line_magic(name) for name in MAGICS]
-
-    def __call__(self, line: str) -> list[object]:
-        answers: list[object] = []
-        for magic in self.magics:
-            try:
-                answers.append(parse_line(magic, line))
-            except UsageError as error:
-                assert "\n" not in str(error), str(error)
-                answers.append(error)
-            except _HelpRequested:
-                answers.append("help")
-        return answers
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    config.UsageRecording.enabled = False
+    shell = InteractiveShell.instance(config=config)
+    shell.run_line_magic("load_ext", "ipycloud")
+    return [Parser(f"magic_line %{name}", "text", _line_reader(shell.find_line_magic(name)),
+                   (UsageError,))
+            for name in MAGICS]
 
 
-def parsers(magic_lines: Callable[[str], object]) -> list[Parser]:
-    """Every parser; ``magic_lines`` reads a line with every magic (``MagicLines()``)."""
+def _line_reader(magic: Callable[..., Any]) -> Callable[[str], object]:
+    def read(line: str) -> object:
+        try:
+            return parse_line(magic, line)
+        except _HelpRequested:
+            return "help"
+
+    return read
+
+
+def parsers(lines: list[Parser]) -> list[Parser]:
+    """Every parser; ``lines`` are those of the magics' lines (``magic_lines()``)."""
     text_errors = (ValueError,)
     return [
         Parser("duration", "text", a_duration, text_errors),
@@ -172,7 +172,7 @@ def parsers(magic_lines: Callable[[str], object]) -> list[Parser]:
         Parser("magic_durations", "text", magic_durations, (argparse.ArgumentTypeError,)),
         Parser("guard_settings", "text", guard_settings, text_errors),
         Parser("alert_url", "text", alert_url, text_errors),
-        Parser("magic_line", "text", magic_lines, ()),
+        *lines,
         Parser("notify_json", "bytes", notify_json, text_errors),
         Parser("kaggle_json", "bytes", kaggle_json, (KaggleError,)),
         Parser("price_file", "bytes", price_file, (PriceError,)),
@@ -197,8 +197,9 @@ VALID_SAMPLES: dict[str, list[str | bytes]] = {
     "guard_settings": ["60;3600;300;25", "1m;2h;15m;30s", "5;100"],
     "alert_url": ["ntfy://ntfy.sh/topic", "json://127.0.0.1:8080/path?x=1",
                   "tgram://123456789:AAH-bot/1234/", "mailto://user:pw@gmail.com"],
-    "magic_line": ["save model --dir '/tmp/my runs' --tag best", "start --every 5m",
-                   "sync -- -a b", "add ntfy://ntfy.sh/x", "--json -p", "report --csv a.csv"],
+    **{f"magic_line %{name}": ["save model --dir '/tmp/my runs' --tag best", "start --every 5m",
+                   "sync -- -a b", "add ntfy://ntfy.sh/x", "--json -p", "report --csv a.csv"]
+       for name in MAGICS},
     "notify_json": [json.dumps({"urls": ["ntfy://ntfy.sh/x"]}).encode()],
     "kaggle_json": [json.dumps({"username": "me", "key": "abc123"}).encode()],
     "price_file": [json.dumps({"instances": {"aws:g5.xlarge": {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import urllib.parse
 from pathlib import Path
@@ -23,6 +24,7 @@ from ipycloud.runtime.notify.quiet import quieted
 CONFIG_DIR_ENV = "IPYCLOUD_CONFIG_DIR"
 URLS_ENV = "IPYCLOUD_NOTIFY"
 FILE_NAME = "notify.json"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's
 
 
 def config_file() -> Path:
@@ -128,7 +130,7 @@ def mask(url: str) -> str:
     """``url`` without its secrets: the scheme, the host when it is a host name or an
     address (not a token in its place), then ``…``: ``ntfy://ntfy.sh/…``, ``tgram://…``."""
     scheme, separator, rest = url.strip().partition("://")
-    if not separator:  # not a URL: at most what stands before a colon
+    if not separator or not _SCHEME.fullmatch(scheme):  # at most a scheme before a colon
         head, colon, _ = url.strip().partition(":")
         return f"{head}:…" if colon and head.isalpha() else "…"
     try:
