@@ -131,6 +131,7 @@ def test_help_option_prints_the_help_page_and_does_nothing(notebook, tmp_path: P
     ("notify", "add --url ntfy://ntfy.sh/x", "--url"),
     ("dashboard", "--interval 1 --hist 5m", "--hist"),
     ("gpuinfo", "-px", "-px"),
+    ("dashboard", "'--bad\nline'", "'--bad\\nline'"),  # a word with a newline: one line
 ])
 def test_an_unknown_or_abbreviated_option_is_named_in_one_line(shell, config_home: Path, magic,
                                                                line, option) -> None:

@@ -174,8 +174,8 @@ def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
             prepared += [token, *tokens]
             break
         flag, attached, value = token.partition("=")
-        if _is_unknown_option(token, options):
-            raise ValueError(f"unknown option {flag}")
+        if _is_unknown_option(token, options):  # named as typed; unprintable, as Python's repr
+            raise ValueError(f"unknown option {flag if flag.isprintable() else repr(flag)}")
         if token == "" or (attached and not value and flag in options):
             raise ValueError(_empty(flag if attached else None))
         for option in _options_in(token, options):
