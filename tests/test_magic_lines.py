@@ -142,6 +142,13 @@ def test_an_unknown_or_abbreviated_option_is_named_in_one_line(shell, config_hom
     assert not config_home.exists()
 
 
+def test_a_word_with_a_newline_is_named_in_one_line(shell) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("gpuinfo", "'extra\nword'")
+    assert str(caught.value) == ("%gpuinfo: unrecognized arguments: extra\\nword "
+                                 "(see %gpuinfo? for usage)")
+
+
 def test_words_that_start_with_a_dash_but_are_values_or_operands_reach_the_magic(
         notebook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

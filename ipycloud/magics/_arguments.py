@@ -36,7 +36,8 @@ def parse_line(magic: Magic, line: str) -> argparse.Namespace:
     try:
         return parser.parse_args(_prepared(parser, _words(line)))
     except (UsageError, ValueError) as error:
-        raise UsageError(f"%{name}: {error} (see %{name}? for usage)") from None
+        shown = "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(error))
+        raise UsageError(f"%{name}: {shown} (see %{name}? for usage)") from None
 
 
 def help_option(magic: Magic) -> Magic:
