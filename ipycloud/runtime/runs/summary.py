@@ -26,7 +26,7 @@ from typing import Any
 from ipycloud.runtime.checkpoint.runs import process_alive
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.best import best_epoch
-from ipycloud.runtime.units import format_duration
+from ipycloud.runtime.units import format_duration, format_rate
 from ipycloud.runtime.untrusted import is_count, is_unix_time, strict
 
 RUNNING, RESTARTING, LOST = "running", "restarting", "lost"  # besides those of an end (RunEnd's)
@@ -342,7 +342,7 @@ def progress_line(run: RunSummary) -> str:
     if isinstance(run.last_loss, int | float):
         parts.append(f"loss {run.last_loss:.4g}")
     if run.status == RUNNING and run.steps_per_s:
-        parts.append(f"{run.steps_per_s:.3g} steps/s")
+        parts.append(f"{format_rate(run.steps_per_s)} steps/s")
     if run.eta_s is not None:
         parts.append(f"ETA {format_duration(run.eta_s)}")
     best = run.best

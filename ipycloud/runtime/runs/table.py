@@ -12,7 +12,7 @@ from typing import Any
 from ipycloud.runtime.runs.records import RECORD_FOLDER
 from ipycloud.runtime.runs.summary import RunSummary
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
-from ipycloud.runtime.units import counted, format_duration
+from ipycloud.runtime.units import counted, format_duration, format_rate
 
 
 class RunsTable:
@@ -35,7 +35,7 @@ class RunsTable:
         rows = [(run.id, run.status, _text(run.start.get("notebook")),
                  _out_of(run.step, run.total_steps), _out_of(run.epoch, run.total_epochs),
                  "" if run.last_loss is None else f"{run.last_loss:.4g}",
-                 "" if run.steps_per_s is None else f"{run.steps_per_s:.3g}",
+                 "" if run.steps_per_s is None else format_rate(run.steps_per_s),
                  "" if run.eta_s is None else format_duration(run.eta_s),
                  _best(run.best), str(run.event_count) if run.event_count else "",
                  _when(run.updated))
