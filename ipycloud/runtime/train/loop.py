@@ -632,8 +632,10 @@ class _Trainer:
     # -- SIGTERM ----------------------------------------------------------------------------
 
     def _enter(self, phase: str) -> None:
-        """Begin a phase in which the live state stands still (see STARTING)."""
-        self._rng_states = rng.capture_rng_states()
+        """Begin a phase in which the live state stands still (see STARTING); the random
+        generators' states are kept for a SIGTERM's save, where this process saves."""
+        if self.main and self.saver is not None:
+            self._rng_states = rng.capture_rng_states()
         self._phase = phase
 
     def _save_on_sigterm(self) -> bool:
