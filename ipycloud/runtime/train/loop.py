@@ -10,6 +10,7 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -472,9 +473,9 @@ class _Trainer:
             return outputs, targets, self._loss(outputs, targets, batch)
 
     def _optimizer_step(self) -> None:
-        import torch
-
         if self.plan.clip_grad_norm is not None:
+            import torch
+
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.clip_grad_norm)
@@ -523,7 +524,7 @@ class _Trainer:
         self._losses = []
         first = self.step - len(values) + 1
         self._window += values
-        if any(value != value or value in (float("inf"), float("-inf")) for value in values):
+        if not all(map(math.isfinite, values)):
             raise NonFiniteLossError(
                 f"the loss is {sum(values) / len(values)} in optimizer steps {first} to "
                 f"{self.step} (epoch {self.data.epoch}); earlier checkpoints are intact")
