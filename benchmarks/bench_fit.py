@@ -31,10 +31,10 @@ The price of fit's own work per step (its loop, run record, preemption and inter
 checks, progress and checkpoint scheduling: everything outside the user's model, loss and
 optimizer), in microseconds: on each model, each round's fit step time less the
 hand-written loop's (``fit_own_us_per_step``, median of the rounds, of wall-clock and CPU
-time); and measured directly on a null workload (``own_work``: a 4-to-2 linear layer with
-SGD on a list of tiny batches, where the user's work is small and the difference is
-fit's own), fit's call (setup and end) apart from its steps. A change to the step path
-shows its price there.
+time); and measured directly on a null workload (``fit_own_work_null_model``: a 4-to-2
+linear layer with SGD on a list of tiny batches, where the user's work is small and the
+difference is fit's own), fit's call (setup and end) apart from its steps. A change to
+the step path shows its price there.
 
 Resume: after a restart, a mid-epoch resume at batch 50,000 of a map-style dataset reaches
 its first new step in under one second plus the checkpoint load.
