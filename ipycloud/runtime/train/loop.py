@@ -10,6 +10,7 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import warnings
@@ -504,9 +505,9 @@ class _Trainer:
             return outputs, targets, self._loss(outputs, targets, batch)
 
     def _optimizer_step(self) -> None:
-        import torch
-
         if self.plan.clip_grad_norm is not None:
+            import torch
+
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.clip_grad_norm)
@@ -555,7 +556,7 @@ class _Trainer:
         self._losses = []
         first = self.step - len(values) + 1
         self._window += values
-        if any(value != value or value in (float("inf"), float("-inf")) for value in values):
+        if not all(map(math.isfinite, values)):
             raise NonFiniteLossError(
                 f"the loss is {sum(values) / len(values)} in optimizer steps {first} to "
                 f"{self.step} (epoch {self.data.epoch}); earlier checkpoints are intact")
@@ -686,8 +687,10 @@ class _Trainer:
     # -- SIGTERM ----------------------------------------------------------------------------
 
     def _enter(self, phase: str) -> None:
-        """Begin a phase in which the live state stands still (see STARTING)."""
-        self._rng_states = rng.capture_rng_states()
+        """Begin a phase in which the live state stands still (see STARTING); the random
+        generators' states are kept for a SIGTERM's save, where this process saves."""
+        if self.main and self.saver is not None:
+            self._rng_states = rng.capture_rng_states()
         self._phase = phase
 
     def _save_on_sigterm(self) -> bool:
