@@ -327,24 +327,25 @@ class _Trainer:
         self._phase = ENDING
         if _out_of_memory(error):
             self.followers.tell("happened", "out_of_memory", _first_line(error))
+        self._record_last_save()
         if isinstance(error, KeyboardInterrupt):
             self._tell_end(*self._interrupted(error))
         else:
             self._tell_end(FAILED, _first_line(error))
+
+    def _record_last_save(self) -> None:
+        """Wait for a save still being written, and record it before the run's end."""
         if self.saver is not None:
             with contextlib.suppress(Exception):
-                self.saver.wait()
+                self._report_checkpoint(self.saver.wait())
 
     def _interrupted(self, error: KeyboardInterrupt) -> tuple[str, str]:
         """How an interrupt ended the run: paused where a checkpoint holds the step it
         stopped at (or none was asked for); failed where it stopped at once (a second
         interrupt) before saving that step, saying which checkpoint a rerun continues
-        from. Waits for a save still being written, and records it (only the first rank
-        saves)."""
+        from (only the first rank saves; the last save is recorded by then)."""
         if isinstance(error, FitInterrupted) or self.saver is None or not self.main:
             return PAUSED, _first_line(error)
-        with contextlib.suppress(Exception):
-            self._report_checkpoint(self.saver.wait())  # recorded before the end
         newest = self.saver.newest
         if newest is not None and newest.step == self.step:
             return PAUSED, _first_line(error)
