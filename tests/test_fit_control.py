@@ -3,6 +3,8 @@ checkpoints, and plain words where it used to surprise."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 from pathlib import Path
@@ -16,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager
 from ipycloud.runtime.train import precision
-from ipycloud.runtime.train.interrupt import DeferredInterrupt
+from ipycloud.runtime.train.interrupt import DeferredInterrupt, FitInterrupted
 from ipycloud.runtime.train.loop import fit
 
 STEPS_PER_EPOCH = 4
@@ -63,6 +65,36 @@ def test_an_interrupt_saves_the_step_and_the_rerun_continues_bit_for_bit(
     resumed, history = run(tmp_path / "paused")
     assert differences(resumed.state_dict(), whole.state_dict()) == []
     assert [row["epoch"] for row in history.epochs] == [0, 1, 2]
+
+
+class InterruptOnLine(io.StringIO):
+    """Standard output that sends this process SIGINT as soon as ``line`` is printed, as
+    the Stop button pressed right when a cell shows that line."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__()
+        self.line, self.sent = line, False
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if not self.sent and self.line in self.getvalue():
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+
+def test_an_interrupt_right_at_the_first_line_pauses_before_the_first_step(
+        tmp_path: Path) -> None:
+    whole, _ = run(tmp_path / "whole")
+    out = InterruptOnLine("ipycloud.fit: starting")
+    with contextlib.redirect_stdout(out), pytest.raises(KeyboardInterrupt) as raised:
+        run(tmp_path / "paused", progress="bar")
+    assert isinstance(raised.value, FitInterrupted), out.getvalue()
+    line = "ipycloud.fit: interrupted at step 0; rerun this cell to continue"
+    assert out.getvalue().splitlines()[-1] == line
+    assert [info.step for info in CheckpointManager(tmp_path / "paused").list()] == [0]
+    resumed, _ = run(tmp_path / "paused")
+    assert differences(resumed.state_dict(), whole.state_dict()) == []
 
 
 def test_an_interrupt_without_a_checkpoint_folder_says_the_rerun_starts_over(

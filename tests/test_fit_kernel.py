@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,29 +24,35 @@ class Slow(Dataset):
         time.sleep(0.005)
         return self.inputs[index] + torch.randn(6) * 0.1, self.inputs[index, :3].argmax()
 
+class SaysStep2:
+    def on_step_end(self, step, logs):
+        if step == 2:
+            print("step 2 done", flush=True)
+
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 history = ipycloud.fit(model, optimizer, DataLoader(Slow(), batch_size=4, shuffle=True,
                                                     num_workers={workers}),
-                       epochs=6, device="cpu", checkpoint={folder!r}, seed=1)
+                       epochs=6, device="cpu", checkpoint={folder!r}, seed=1,
+                       callbacks=[SaysStep2()])
 torch.save(model.state_dict(), {out!r})
 """
+STEP_LINE = "step 2 done"  # printed by the training cell's callback
 
 
 def interrupted(manager: Any, client: BlockingKernelClient,
                 code: str) -> tuple[str, list[str], str]:
-    """Run ``code``, press Stop once training has begun; (its text, the name and traceback
-    lines of the error it showed, the status of its reply)."""
+    """Run ``code``, press Stop once it printed ``STEP_LINE``; (its text, the name and
+    traceback lines of the error it showed, the status of its reply)."""
     texts: list[str] = []
 
     def stop_once_training(message: dict[str, Any]) -> None:
         if message["msg_type"] != "stream":
             return
-        begun = "ipycloud.fit: starting" in "".join(texts)
+        begun = STEP_LINE in "".join(texts)
         texts.append(message["content"]["text"])
-        if not begun and "ipycloud.fit: starting" in "".join(texts):
-            time.sleep(0.5)
+        if not begun and STEP_LINE in "".join(texts):
             manager.interrupt_kernel()
 
     received, status = cell_messages(client, code, stop_once_training)

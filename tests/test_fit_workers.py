@@ -84,6 +84,40 @@ next(batches)
 print(len(workers), "workers served on")
 """  # and the script ends with them, the epoch half read
 
+SHARED_MEMORY_SCRIPT = """\
+import glob, json, os, signal, time
+import psutil, torch, ipycloud
+from torch.utils.data import DataLoader, TensorDataset
+from ipycloud.runtime.train.interrupt import FitInterrupted
+
+torch.multiprocessing.set_sharing_strategy("file_system")
+workers = []
+
+def in_shared_memory():
+    return sorted(name for pid in workers for name in glob.glob(f"/dev/shm/torch_{{pid}}_*"))
+
+class StopsAtStep3:
+    def on_step_end(self, step, logs):
+        if step != 3:
+            return
+        workers.extend(child.pid for child in psutil.Process().children())
+        deadline = time.monotonic() + 120
+        while len(in_shared_memory()) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until batches sent and not yet read are in shared memory
+        print("in flight:", len(in_shared_memory()) >= 6)
+        os.kill(os.getpid(), signal.SIGINT)  # the Stop button
+
+data = TensorDataset(torch.randn(1024, 16), torch.randint(0, 3, (1024,)))
+model = torch.nn.Linear(16, 3)
+try:
+    ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                 DataLoader(data, batch_size=8, num_workers=2, prefetch_factor=4,
+                            {options}),
+                 epochs=1, device="cpu", progress=False, callbacks=[StopsAtStep3()])
+except FitInterrupted:
+    print("left in shared memory:", json.dumps(in_shared_memory()))
+"""  # the workers' files are named after them: /dev/shm/torch_<pid>_...
+
 
 def run_script(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run ``command`` to its end; the test fails if it does not exit by itself (it and
@@ -303,3 +337,16 @@ def _fit_twice_on_one_loader() -> list[Any]:
 
 def test_a_loader_whose_workers_fit_ended_is_read_again_by_the_next_fit() -> None:
     assert in_own_session(_fit_twice_on_one_loader) == [(16, []), (16, [])]
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm on this system")
+@pytest.mark.parametrize("options", ["", "persistent_workers=True", "pin_memory=True"])
+def test_a_run_stopped_mid_epoch_leaves_no_batch_in_shared_memory(
+        tmp_path: Path, options: str) -> None:
+    """Under the "file_system" sharing strategy, a batch sent and never read stays a file
+    in /dev/shm until the process exits."""
+    (tmp_path / "train.py").write_text(SHARED_MEMORY_SCRIPT.format(options=options))
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.splitlines()[0] == "in flight: True"
+    assert completed.stdout.splitlines()[-1] == "left in shared memory: []"

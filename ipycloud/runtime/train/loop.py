@@ -277,6 +277,29 @@ class _Trainer:
                     and resumed.directory != manager.directory):
                 bar.say(f"ipycloud.fit: {self.saver.finish()}")  # once it is copied back
             return self.history
+        try:
+            # From its first line on, the Stop button pauses the run.
+            with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
+                                   "(interrupt again to stop at once)") as self._interrupt:
+                self._start(manager, resumed, val_data, progress, bar)
+                with Preemption(self._save_on_sigterm, main=self.main) as self._preemption:
+                    self._train_or_fail(val_data, manager, bar)
+        except BaseException as error:
+            self._fail(error)
+            raise  # a vote still open is left: its peers may be gone
+        finally:
+            bar.close()
+            if self.saver is not None:
+                self.saver.listener = None
+        if self._vote is not None:
+            self._vote.close()
+        self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
+            else self._tell_end(FINISHED, None)
+        return self.history
+
+    def _start(self, manager: Any, resumed: Any, val_data: Iterable[Any] | None,
+               progress: bool | Literal["bar"], bar: Progress) -> None:
+        """Say how the run starts, and start its record and followers."""
         for line in self._first_lines(resumed, val_data):
             bar.say(line)
         bar.start(self._total_steps(), self.step)
@@ -292,34 +315,23 @@ class _Trainer:
         self._logged_at = (self.step, time.monotonic())
         if self.dist is not None and self.dist.world_size > 1:
             self._vote = StopVote(self.dist.rank)
+
+    def _train_or_fail(self, val_data: Iterable[Any] | None, manager: Any,
+                       bar: Progress) -> None:
+        """Train; on an error, tell the run's end while a SIGTERM still waits for it."""
+        assert self._preemption is not None
         try:
-            with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
-                                   "(interrupt again to stop at once)") as self._interrupt, \
-                    Preemption(self._save_on_sigterm, main=self.main) as self._preemption:
-                try:
-                    self._train(val_data, manager, bar)
-                except Exception as error:
-                    if self._preemption.requested and self._phase == FETCHING:
-                        self._end_preempted(bar)  # its workers got the SIGTERM too
-                    # Still under Preemption: a SIGTERM now (torchrun sends one right
-                    # after a peer fails) waits until the end is told and the last save
-                    # written, then takes its course.
-                    self._fail(error)
-                    if self._preemption.requested:
-                        self._preemption.end()
-                    raise
-        except BaseException as error:
+            self._train(val_data, manager, bar)
+        except Exception as error:
+            if self._preemption.requested and self._phase == FETCHING:
+                self._end_preempted(bar)  # its workers got the SIGTERM too
+            # Still under Preemption: a SIGTERM now (torchrun sends one right after a
+            # peer fails) waits until the end is told and the last save written, then
+            # takes its course.
             self._fail(error)
-            raise  # a vote still open is left: its peers may be gone
-        finally:
-            bar.close()
-            if self.saver is not None:
-                self.saver.listener = None
-        if self._vote is not None:
-            self._vote.close()
-        self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
-            else self._tell_end(FINISHED, None)
-        return self.history
+            if self._preemption.requested:
+                self._preemption.end()
+            raise
 
     def _fail(self, error: BaseException) -> None:
         """Tell how the run ended, and let the last good checkpoint finish writing."""
@@ -328,24 +340,25 @@ class _Trainer:
         self._phase = ENDING
         if _out_of_memory(error):
             self.followers.tell("happened", "out_of_memory", _first_line(error))
+        self._record_last_save()
         if isinstance(error, KeyboardInterrupt):
             self._tell_end(*self._interrupted(error))
         else:
             self._tell_end(FAILED, _first_line(error))
+
+    def _record_last_save(self) -> None:
+        """Wait for a save still being written, and record it before the run's end."""
         if self.saver is not None:
             with contextlib.suppress(Exception):
-                self.saver.wait()
+                self._report_checkpoint(self.saver.wait())
 
     def _interrupted(self, error: KeyboardInterrupt) -> tuple[str, str]:
         """How an interrupt ended the run: paused where a checkpoint holds the step it
         stopped at (or none was asked for); failed where it stopped at once (a second
         interrupt) before saving that step, saying which checkpoint a rerun continues
-        from. Waits for a save still being written, and records it (only the first rank
-        saves)."""
+        from (only the first rank saves; the last save is recorded by then)."""
         if isinstance(error, FitInterrupted) or self.saver is None or not self.main:
             return PAUSED, _first_line(error)
-        with contextlib.suppress(Exception):
-            self._report_checkpoint(self.saver.wait())  # recorded before the end
         newest = self.saver.newest
         if newest is not None and newest.step == self.step:
             return PAUSED, _first_line(error)
@@ -367,6 +380,7 @@ class _Trainer:
             release_when_safe(self.saver, self.step)
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
+        self._pause_if_asked(manager, bar)  # Stop pressed as the run started: no step taken
         while not self._finished():
             started = time.monotonic()
             for _ in self._epoch_steps(bar):
@@ -670,6 +684,10 @@ class _Trainer:
                 self._end_preempted(bar, asker)
         elif asked:
             self._end_preempted(bar)
+        self._pause_if_asked(manager, bar)
+
+    def _pause_if_asked(self, manager: Any, bar: Progress) -> None:
+        """After an interrupt: save where the run stands, say so, and stop the cell."""
         if self._interrupt is None or not self._interrupt.requested:
             return
         self._read_losses()

@@ -5,12 +5,20 @@ to the next, and an iterator left mid-epoch (a run that stops or fails there) ke
 until it is collected: held by a traceback, or in a reference cycle that only the garbage
 collector frees, where torch's own shutdown no longer reaches them (the queues it signals
 them through are finalized first). ``fit`` shuts its workers down itself.
+
+Under torch's "file_system" sharing strategy a batch a worker sent is a file in shared
+memory until it is received, and one never received stays until the process exits: the
+batches still in flight are received and dropped first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+DRAIN_S = 5.0  # at most, for the workers to hand over the batches they were asked for
 
 
 class LoaderIterators:
@@ -32,6 +40,29 @@ class LoaderIterators:
         starts new ones when read again."""
         while self._open:
             data, iterator = self._open.popitem()[1]
+            if _shares_by_file():
+                _drop_batches_in_flight(iterator)
             iterator._shutdown_workers()
             if getattr(data, "_iterator", None) is iterator:
                 data._iterator = None
+
+
+def _shares_by_file() -> bool:
+    import torch.multiprocessing
+
+    return bool(torch.multiprocessing.get_sharing_strategy() == "file_system")
+
+
+def _drop_batches_in_flight(iterator: Any) -> None:
+    """Receive and drop the batches ``iterator``'s workers were asked for and that it has
+    not received, for at most DRAIN_S (a worker that died or hangs ends the wait)."""
+    # torch's _MultiProcessingDataLoaderIter: a task's info is (worker,) until received;
+    # a worker whose iterable dataset ran out answers no more.
+    waiting = {index for index, info in iterator._task_info.items()
+               if len(info) == 1 and iterator._workers_status[info[0]]}
+    deadline = time.monotonic() + DRAIN_S
+    with contextlib.suppress(RuntimeError):  # a worker that died: nothing more comes
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            received, item = iterator._try_get_data(timeout=left)
+            if received:
+                waiting.discard(item[0])
