@@ -65,19 +65,12 @@ class ProcessRuns:
             known = self._entries.get(name)
             if known is None or known[0] != changed:
                 entry = index_entry(path)
-                log = Path(entry["log"]) if entry is not None and me in _processes(entry) \
+                log = Path(entry["log"]) if entry is not None and me in records.entry_processes(entry) \
                     else None
                 known = (changed, log)
             entries[name] = known
         self._entries = entries
         return [log for _, log in entries.values() if log is not None]
-
-
-def _processes(entry: Json) -> set[tuple[object, object]]:
-    """The (pid, host) of the process that writes an index entry's run and of those that
-    follow it."""
-    return {(named.get("pid"), named.get("host"))
-            for named in [entry, *records.followers(entry)]}
 
 
 def _updated(tail: LogTail) -> float:

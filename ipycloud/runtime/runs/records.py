@@ -141,6 +141,14 @@ def entry_kernels(entry: dict[str, Any]) -> set[str]:
         follower.get("kernel") for follower in followers(entry))] if isinstance(kernel, str)}
 
 
+def entry_processes(entry: dict[str, Any]) -> set[tuple[int, str]]:
+    """The (pid, host) of the process that writes an index entry's run and of those that
+    follow it, where the entry names them as a count and a text (another program's entry
+    may hold anything there)."""
+    return {(named["pid"], named["host"]) for named in [entry, *followers(entry)]
+            if is_count(named.get("pid")) and isinstance(named.get("host"), str)}
+
+
 def _write_entry(path: Path, entry: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomically(path, json.dumps(entry).encode())
