@@ -19,7 +19,7 @@ import pytest
 
 from ipycloud.cli import main
 from ipycloud.runtime.runs import RunRecordWarning, log_reader, runs
-from ipycloud.runtime.runs.following import read_log
+from ipycloud.runtime.runs.following import FollowedLog
 from ipycloud.runtime.runs.records import RECORD_FOLDER, index_dir
 from ipycloud.runtime.runs.summary import MAX_STEP_ROWS
 from ipycloud.runtime.runs.watch import RunWatch
@@ -181,6 +181,13 @@ def test_the_safe_open_refuses_a_fifo_a_symlink_and_a_folder_without_blocking(
         os.close(fd)
 
 
+def read_log(log: Path, last: FollowedLog | None = None) -> FollowedLog | None:
+    """``log`` followed, as a front polling it does: looked at again (``last``) or
+    for the first time; None where it cannot be read."""
+    followed = last or FollowedLog(log)
+    return followed if followed.look() else None
+
+
 def test_a_log_symlinked_out_of_its_folder_is_not_read(tmp_path: Path) -> None:
     outside = write_log(tmp_path / "outside", [start(), step(2, T0 + 1), end(2)])
     folder = tmp_path / "ck" / RECORD_FOLDER
@@ -223,7 +230,7 @@ def test_a_log_cut_and_written_again_on_the_same_inode_is_read_afresh(tmp_path: 
     assert again is not None
     assert (again.summary["step"], again.summary["total_steps"], again.summary["notebook"]) == (
         60, 90, "other.ipynb")
-    assert [line["step"] for line in again.after(None) if line["kind"] == "step"] == list(
+    assert [line["step"] for line in again.records_after(None) if line["kind"] == "step"] == list(
         range(1, 61))
 
 
@@ -284,7 +291,7 @@ def test_a_long_log_is_summed_up_from_a_bounded_number_of_rows(tmp_path: Path) -
     assert len(run.steps) <= MAX_STEP_ROWS
     assert run.steps[0]["step"] == 1 and run.steps[-1]["step"] == count
     followed = read_log(log)
-    assert followed is not None and len(followed.after(None)) <= MAX_STEP_ROWS + 1
+    assert followed is not None and len(followed.reader.records()) <= MAX_STEP_ROWS + 1
 
 
 def test_runs_of_a_parent_folder_are_found_in_its_subfolders(tmp_path: Path) -> None:

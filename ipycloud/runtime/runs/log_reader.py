@@ -7,11 +7,15 @@ replaced (another inode), cut (shorter than what was read) or written again from
 start (its first bytes changed: cut and regrown past the offset) is read afresh. The log
 is opened with ``untrusted.open_regular``: never through a symlink, never waiting on a
 FIFO. Each damaged line is told once (see ``records.Lines``), however often the log is
-read.
+read. The records themselves, for the fronts that serve them (``records_after``), are the
+last RECENT_RECORDS as read, and older ones read again from the log, from a place noted
+every MARK_EVERY records: a client pages through a log of any length, RECORDS_LIMIT
+records an answer, without it being read from its start.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import deque
@@ -26,6 +30,9 @@ from ipycloud.runtime.untrusted import open_regular
 Json = dict[str, Any]
 HEAD_BYTES = 4096  # of the log's start, compared on each read to tell a rewritten log
 MAX_APPENDED = 10_000  # records one read returns at most (the newest); more renew
+RECORDS_LIMIT = 10_000  # records ``records_after`` gives at most: the first ones after since
+RECENT_RECORDS = 2000  # the last records read, kept as they are for ``records_after``
+MARK_EVERY = 10_000  # records between two places of the log noted to read it again from
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,10 @@ class LogReader:
         self._identity = identity  # the file's device and inode
         self._head = b""  # the log's first bytes, up to HEAD_BYTES
         self._lines = records.Lines(self.path)
+        self._latest = -math.inf  # the latest time of a record read
+        self._recent: deque[Json] = deque(maxlen=RECENT_RECORDS)
+        self._let_go = -math.inf  # the latest time of the records the recent ones let go
+        self._marks: list[tuple[float, int]] = []  # (latest time before, a line's offset)
 
     def read(self, torn_tail: bool = False) -> Update:
         """Take what was appended; raises the OSError of a log that cannot be read (or
@@ -77,6 +88,28 @@ class LogReader:
         with self._lock:
             return self.state.records()
 
+    def records_after(self, since: float | None) -> list[Json]:
+        """The first RECORDS_LIMIT records of the log whose time is after ``since`` (from
+        its first without), as they are on its lines, up to where the last read ended:
+        those kept where they hold them all, else read again from the last place noted
+        before ``since``. Nothing where the log is another file than the one read; raises
+        the OSError of a log that cannot be read."""
+        after = -math.inf if since is None else since
+        with self._lock:
+            if after >= self._let_go:
+                return [record for record in self._recent if record["t"] > after][:RECORDS_LIMIT]
+            start = max((offset for latest, offset in self._marks
+                         if since is not None and latest <= since), default=0)
+            stop, identity = self.offset, self._identity
+        fd = open_regular(self.path)
+        try:
+            status = os.fstat(fd)
+            if (status.st_dev, status.st_ino) != identity:
+                return []
+            return _after(fd, records.Lines(self.path, tell=False), start, stop, since)
+        finally:
+            os.close(fd)
+
     def _read(self, fd: int, torn_tail: bool) -> Update:
         status = os.fstat(fd)
         identity = (status.st_dev, status.st_ino)
@@ -96,13 +129,40 @@ class LogReader:
             for record in self._lines.feed(chunk):
                 self.state.add(record)
                 appended.append(record)
+                self._latest = max(self._latest, record["t"])
+                if len(self._recent) == RECENT_RECORDS:
+                    self._let_go = max(self._let_go, self._recent[0]["t"])
+                self._recent.append(record)
                 taken += 1
+            self._mark()
         if torn_tail:
             self._lines.end()
         return Update(list(appended), renewed or taken > len(appended))
+
+    def _mark(self) -> None:
+        """Note where the pending line begins, every MARK_EVERY records: what lies before
+        it is no record after the latest time read."""
+        pending = self._lines.pending()
+        if pending is not None and self.state.count >= (len(self._marks) + 1) * MARK_EVERY:
+            self._marks.append((self._latest, self.offset - pending))
 
     def _same_log(self, fd: int, identity: tuple[int, int], size: int) -> bool:
         """Whether the file is the one read so far, grown or not."""
         if identity != self._identity or size < self.offset:
             return False
         return not self._head or os.pread(fd, len(self._head), 0) == self._head
+
+
+def _after(fd: int, lines: records.Lines, start: int, stop: int,
+           since: float | None) -> list[Json]:
+    """The first RECORDS_LIMIT records after ``since`` on the whole lines of the log from
+    ``start`` to ``stop``."""
+    found: list[Json] = []
+    offset = start
+    while offset < stop and len(found) < RECORDS_LIMIT:
+        chunk = os.pread(fd, min(records.CHUNK_BYTES, stop - offset), offset)
+        if not chunk:
+            break
+        offset += len(chunk)
+        found += [record for record in lines.feed(chunk) if since is None or record["t"] > since]
+    return found[:RECORDS_LIMIT]
