@@ -234,6 +234,26 @@ def test_a_log_cut_and_written_again_on_the_same_inode_is_read_afresh(tmp_path: 
         range(1, 61))
 
 
+def test_a_log_written_again_in_place_past_its_first_bytes_is_read_afresh(
+        tmp_path: Path) -> None:
+    """The same first lines (more than the 4 KiB compared at its start), then others where
+    the last look ended: the log is read afresh, not as a mix of both."""
+    same_start = [start(), *(step(number, T0 + number) for number in range(1, 101))]
+    log = write_log(tmp_path, [*same_start, *(step(number, T0 + number, loss=1.0)
+                                              for number in range(101, 151))])
+    followed = read_log(log)
+    assert followed is not None and followed.summary["step"] == 150
+    with open(log, "r+b") as file:
+        file.truncate(0)
+        file.write(lines_of([*same_start, *(step(number, T0 + number, loss=2.0)
+                                            for number in range(101, 181))]))
+
+    again = read_log(log, followed)
+    assert again is not None and again.summary["step"] == 180
+    losses = [line["loss"] for line in again.records_after(T0 + 100)]
+    assert losses == [2.0] * 80
+
+
 def test_a_log_cut_shorter_on_the_same_inode_is_read_afresh(tmp_path: Path) -> None:
     log = write_log(tmp_path, [start(), *(step(number, T0 + number) for number in range(1, 31))])
     followed = read_log(log)

@@ -3,14 +3,15 @@
 Each ``read`` takes only the bytes appended since the last (up to the size the file had
 when the read began, so a fast writer never keeps it reading) and adds their records to a
 ``RunState``, which holds what the summary and the curves need, not the records. A log
-replaced (another inode), cut (shorter than what was read) or written again from its
-start (its first bytes changed: cut and regrown past the offset) is read afresh. The log
-is opened with ``untrusted.open_regular``: never through a symlink, never waiting on a
-FIFO. Each damaged line is told once (see ``records.Lines``), however often the log is
-read. The records themselves, for the fronts that serve them (``records_after``), are the
-last RECENT_RECORDS as read, and older ones read again from the log, from a place noted
-every MARK_EVERY records: a client pages through a log of any length, RECORDS_LIMIT
-records an answer, without it being read from its start.
+replaced (another inode), cut (shorter than what was read) or written again (its first
+bytes, or those before where the last read ended, changed: cut and regrown past the
+offset) is read afresh. The log is opened with ``untrusted.open_regular``: never through a
+symlink, never waiting on a FIFO. Each damaged line is told once (see ``records.Lines``),
+however often the log is read. A read may take at most a ``budget`` of bytes, leaving the
+rest to the next. The records themselves, for the fronts that serve them
+(``records_after``), are the last RECENT_RECORDS as read, and older ones read again from
+the log, from a place noted every MARK_EVERY records: a client pages through a log of any
+length, RECORDS_LIMIT records an answer, without it being read from its start.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ipycloud.runtime.untrusted import open_regular
 
 Json = dict[str, Any]
 HEAD_BYTES = 4096  # of the log's start, compared on each read to tell a rewritten log
+END_BYTES = 256  # and of what was read before the last read's end
 MAX_APPENDED = 10_000  # records one read returns at most (the newest); more renew
 RECORDS_LIMIT = 10_000  # records ``records_after`` gives at most: the first ones after since
 RECENT_RECORDS = 2000  # the last records read, kept as they are for ``records_after``
@@ -61,20 +63,22 @@ class LogReader:
         self.offset = 0  # bytes taken
         self._identity = identity  # the file's device and inode
         self._head = b""  # the log's first bytes, up to HEAD_BYTES
+        self._end = b""  # the END_BYTES before ``offset``
         self._lines = records.Lines(self.path)
         self._latest = -math.inf  # the latest time of a record read
         self._recent: deque[Json] = deque(maxlen=RECENT_RECORDS)
         self._let_go = -math.inf  # the latest time of the records the recent ones let go
         self._marks: list[tuple[float, int]] = []  # (latest time before, a line's offset)
 
-    def read(self, torn_tail: bool = False) -> Update:
-        """Take what was appended; raises the OSError of a log that cannot be read (or
-        is not a regular file). ``torn_tail``: tell (once) of a last line without its
+    def read(self, torn_tail: bool = False, budget: int | None = None) -> Update:
+        """Take what was appended (``budget``: at most that many bytes of it, the rest
+        left to the next reads); raises the OSError of a log that cannot be read (or is
+        not a regular file). ``torn_tail``: tell (once) of a last line without its
         newline, as a reader that lists runs does; a follower leaves it to be completed."""
         with self._lock:
             fd = open_regular(self.path)
             try:
-                return self._read(fd, torn_tail)
+                return self._read(fd, torn_tail, budget)
             finally:
                 os.close(fd)
 
@@ -110,7 +114,7 @@ class LogReader:
         finally:
             os.close(fd)
 
-    def _read(self, fd: int, torn_tail: bool) -> Update:
+    def _read(self, fd: int, torn_tail: bool, budget: int | None) -> Update:
         status = os.fstat(fd)
         identity = (status.st_dev, status.st_ino)
         renewed = not self._same_log(fd, identity, status.st_size)
@@ -118,9 +122,9 @@ class LogReader:
             self._begin(identity)
         appended: deque[Json] = deque(maxlen=MAX_APPENDED)
         taken = 0
-        while self.offset < status.st_size:
-            chunk = os.pread(fd, min(records.CHUNK_BYTES, status.st_size - self.offset),
-                             self.offset)
+        stop = status.st_size if budget is None else min(status.st_size, self.offset + budget)
+        while self.offset < stop:
+            chunk = os.pread(fd, min(records.CHUNK_BYTES, stop - self.offset), self.offset)
             if not chunk:
                 break
             if self.offset < HEAD_BYTES:
@@ -135,7 +139,9 @@ class LogReader:
                 self._recent.append(record)
                 taken += 1
             self._mark()
-        if torn_tail:
+        kept = min(END_BYTES, self.offset)
+        self._end = os.pread(fd, kept, self.offset - kept)
+        if torn_tail and self.offset == status.st_size:
             self._lines.end()
         return Update(list(appended), renewed or taken > len(appended))
 
@@ -150,7 +156,8 @@ class LogReader:
         """Whether the file is the one read so far, grown or not."""
         if identity != self._identity or size < self.offset:
             return False
-        return not self._head or os.pread(fd, len(self._head), 0) == self._head
+        return (os.pread(fd, len(self._head), 0) == self._head
+                and os.pread(fd, len(self._end), self.offset - len(self._end)) == self._end)
 
 
 def _after(fd: int, lines: records.Lines, start: int, stop: int,
