@@ -176,3 +176,21 @@ def test_damaged_and_non_finite_lines_and_a_fifo_in_the_index_leave_strict_answe
                         {"Authorization": f"token {page_server.token}"})
     assert code == 200
     assert json.loads(body, parse_constant=refuse)["records"][-1]["loss"] is None
+
+
+def test_an_index_entry_whose_process_fields_are_not_a_pid_and_a_host_is_passed_by(
+        page_server: PageServer, state: Path, lines: list[dict[str, Any]]) -> None:
+    """Entries another program wrote, with a list for a pid, a dict for a host or a
+    follower of either, name no process: this process's run is listed beside them."""
+    index = state / "runs" / "index"
+    log = str(index.parent.parent / "checkpoints" / ".ipycloud-runs" / f"{OTHERS}.jsonl")
+    hostile = [{"log": log, "pid": [os.getpid()], "host": socket.gethostname()},
+               {"log": log, "pid": os.getpid(), "host": {"name": socket.gethostname()}},
+               {"log": log, "followers": [{"pid": [1], "host": ["h"]}]},
+               {"log": log, "pid": True, "host": socket.gethostname()}]
+    for number, entry in enumerate(hostile):
+        (index / f"{number:012x}.json").write_text(json.dumps(entry))
+    code, _, body = get(page_server, "/api/runs",
+                        {"Authorization": f"token {page_server.token}"})
+    assert code == 200, body
+    assert [run["id"] for run in json.loads(body)["runs"]] == [MINE]

@@ -19,7 +19,7 @@ import pytest
 
 from ipycloud.cli import main
 from ipycloud.runtime.runs import RunRecordWarning, log_reader, runs
-from ipycloud.runtime.runs.following import read_log
+from ipycloud.runtime.runs.following import FollowedLog
 from ipycloud.runtime.runs.records import RECORD_FOLDER, index_dir
 from ipycloud.runtime.runs.summary import MAX_STEP_ROWS
 from ipycloud.runtime.runs.watch import RunWatch
@@ -181,6 +181,13 @@ def test_the_safe_open_refuses_a_fifo_a_symlink_and_a_folder_without_blocking(
         os.close(fd)
 
 
+def read_log(log: Path, last: FollowedLog | None = None) -> FollowedLog | None:
+    """``log`` followed, as a front polling it does: looked at again (``last``) or
+    for the first time; None where it cannot be read."""
+    followed = last or FollowedLog(log)
+    return followed if followed.look() else None
+
+
 def test_a_log_symlinked_out_of_its_folder_is_not_read(tmp_path: Path) -> None:
     outside = write_log(tmp_path / "outside", [start(), step(2, T0 + 1), end(2)])
     folder = tmp_path / "ck" / RECORD_FOLDER
@@ -223,8 +230,28 @@ def test_a_log_cut_and_written_again_on_the_same_inode_is_read_afresh(tmp_path: 
     assert again is not None
     assert (again.summary["step"], again.summary["total_steps"], again.summary["notebook"]) == (
         60, 90, "other.ipynb")
-    assert [line["step"] for line in again.after(None) if line["kind"] == "step"] == list(
+    assert [line["step"] for line in again.records_after(None) if line["kind"] == "step"] == list(
         range(1, 61))
+
+
+def test_a_log_written_again_in_place_past_its_first_bytes_is_read_afresh(
+        tmp_path: Path) -> None:
+    """The same first lines (more than the 4 KiB compared at its start), then others where
+    the last look ended: the log is read afresh, not as a mix of both."""
+    same_start = [start(), *(step(number, T0 + number) for number in range(1, 101))]
+    log = write_log(tmp_path, [*same_start, *(step(number, T0 + number, loss=1.0)
+                                              for number in range(101, 151))])
+    followed = read_log(log)
+    assert followed is not None and followed.summary["step"] == 150
+    with open(log, "r+b") as file:
+        file.truncate(0)
+        file.write(lines_of([*same_start, *(step(number, T0 + number, loss=2.0)
+                                            for number in range(101, 181))]))
+
+    again = read_log(log, followed)
+    assert again is not None and again.summary["step"] == 180
+    losses = [line["loss"] for line in again.records_after(T0 + 100)]
+    assert losses == [2.0] * 80
 
 
 def test_a_log_cut_shorter_on_the_same_inode_is_read_afresh(tmp_path: Path) -> None:
@@ -284,7 +311,7 @@ def test_a_long_log_is_summed_up_from_a_bounded_number_of_rows(tmp_path: Path) -
     assert len(run.steps) <= MAX_STEP_ROWS
     assert run.steps[0]["step"] == 1 and run.steps[-1]["step"] == count
     followed = read_log(log)
-    assert followed is not None and len(followed.after(None)) <= MAX_STEP_ROWS + 1
+    assert followed is not None and len(followed.reader.records()) <= MAX_STEP_ROWS + 1
 
 
 def test_runs_of_a_parent_folder_are_found_in_its_subfolders(tmp_path: Path) -> None:

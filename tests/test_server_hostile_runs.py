@@ -18,7 +18,7 @@ from server_fixtures import *  # noqa: F403
 from server_fixtures import Api
 from test_server_runs import DONE, LIVE, T0, append, in_folder, index, inline, write_run
 
-from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs import following, records
 from ipycloud.server.runs import FRESH_S, SCAN_FRESH_S, RunFinder
 
 pytestmark = [pytest.mark.filterwarnings("error:Extension endpoints without"),
@@ -155,13 +155,18 @@ def test_a_log_truncated_and_regrown_in_place_is_read_afresh(tmp_path: Path) -> 
 
 
 def test_the_view_holds_a_bounded_part_of_a_long_log(tmp_path: Path) -> None:
-    """A log of 100,000 steps (11 MB): what the view keeps of it is a small part."""
+    """A log of 100,000 steps (11 MB): what the view keeps of it, once it has read it all
+    (over several looks), is a small part."""
     log = write_run(in_folder(tmp_path, LIVE), LIVE, steps=100_000)
     size = log.stat().st_size
-    finder = RunFinder(tmp_path, background=inline)
+    clock = [0.0]
+    finder = RunFinder(tmp_path, clock=lambda: clock[0], background=inline)
     tracemalloc.start()
     try:
         [run] = finder.summaries(())
+        for _ in range(size // following.LOOK_BYTES + 1):
+            clock[0] += FRESH_S
+            [run] = finder.summaries(())
         kept, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -174,23 +179,24 @@ def test_the_view_holds_a_bounded_part_of_a_long_log(tmp_path: Path) -> None:
 
 def test_a_live_log_is_read_from_where_the_last_look_ended(tmp_path: Path) -> None:
     """Bytes before the last look's end are not read again: a line changed in place in the
-    middle of the log (away from its first line and its last ones) is not seen, the
-    appended one is."""
+    middle of the log (past its first 4 KiB, before its last 256 bytes: those are compared
+    to tell a log written again) is not seen, the appended one is."""
     clock = [0.0]
     finder = RunFinder(tmp_path, clock=lambda: clock[0], background=inline)
-    log = write_run(in_folder(tmp_path, LIVE), LIVE, steps=20)
-    assert finder.summaries(())[0]["step"] == 20
+    log = write_run(in_folder(tmp_path, LIVE), LIVE, steps=200)
+    assert finder.summaries(())[0]["step"] == 200
     text = log.read_bytes()
-    first_step = text.index(b'"step": 1,')
+    middle = text.index(b'"step": 100,')
+    assert 4096 < middle < len(text) - 256
     with log.open("r+b") as file:  # the same length: a reader that reads it all sees it
-        file.seek(first_step)
-        file.write(b'"step": 9,')
+        file.seek(middle)
+        file.write(b'"step": 999,')
         file.seek(0, os.SEEK_END)
-        file.write(json.dumps({"t": T0 + 21, "kind": "step", "step": 21}).encode() + b"\n")
+        file.write(json.dumps({"t": T0 + 201, "kind": "step", "step": 201}).encode() + b"\n")
     clock[0] += FRESH_S
     found = finder.run(LIVE, (), None)
     assert found is not None
-    assert [line["step"] for line in found[1] if line["kind"] == "step"] == list(range(1, 22))
+    assert [line["step"] for line in found[1] if line["kind"] == "step"] == list(range(1, 202))
 
 
 def test_a_long_log_is_paged_through_with_since_each_record_once(tmp_path: Path) -> None:
@@ -210,3 +216,28 @@ def test_a_long_log_is_paged_through_with_since_each_record_once(tmp_path: Path)
         pages += 1
     assert got == [T0 + step for step in range(25_001)]
     assert pages == 3
+
+
+def test_a_huge_log_fills_the_view_over_several_looks_of_bounded_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first view reads at most LOOK_BYTES of a log, and each view made after it the
+    next LOOK_BYTES, until the run is whole: no request waits on the reading of a whole
+    log."""
+    monkeypatch.setattr(following, "LOOK_BYTES", 64 * 1024)
+    log = write_run(in_folder(tmp_path, LIVE), LIVE, steps=5000, ended=True)
+    size = log.stat().st_size
+    assert size > 5 * 64 * 1024
+    clock = [0.0]
+    finder = RunFinder(tmp_path, clock=lambda: clock[0], background=inline)
+    views = [finder.summaries(())[0]]
+    while views[-1]["status"] != "finished" and len(views) < 100:
+        clock[0] += FRESH_S
+        views.append(finder.summaries(())[0])
+    steps_seen = [view["step"] for view in views]
+    assert steps_seen[0] < 1000  # 64 KiB hold about 800 of its lines
+    assert steps_seen == sorted(steps_seen) and steps_seen[-1] == 5000
+    assert len(views) >= size // (64 * 1024)
+    found = finder.run(LIVE, (), None)
+    assert found is not None
+    steps = [line["step"] for line in found[1] if line["kind"] == "step"]
+    assert steps == list(range(1, 5001))

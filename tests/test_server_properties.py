@@ -98,7 +98,10 @@ lines = st.lists(st.one_of(record.map(lambda line: ("good", line)),
 
 
 def finite(value: Any) -> Any:
-    """The value a strict answer gives for ``value``: a non-finite float is None."""
+    """The value a strict answer gives for ``value``: a non-finite float, and an integer
+    beyond 2**53 (JavaScript's exact range), is None."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+        return None
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

@@ -190,6 +190,9 @@ def test_a_run_followed_in_a_kernel_is_listed_though_its_log_lies_outside_the_ro
     client = BlockingKernelClient()
     client.load_connection_info(jp_serverapp.kernel_manager.get_kernel(kernel_id)
                                 .get_connection_info())
+    # The client's heartbeat counts the kernel dead after one ping unanswered for 1 s (its
+    # default), which a kernel starting on a loaded machine misses: a looser one.
+    client.hb_channel.time_to_dead = 10.0
     client.start_channels()
     try:
         client.wait_for_ready(timeout=60)

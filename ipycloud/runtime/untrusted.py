@@ -5,7 +5,8 @@ asked), never waiting on a FIFO or a device. ``read_small`` reads such a file of
 given size. ``load_json`` parses JSON into values every reader can use as they are: nesting
 at most MAX_DEPTH deep, integers within MAX_INT, finite floats (NaN, Infinity, 1e400 and
 integers too long become None), text without lone surrogates. ``strict`` makes a value
-strict JSON for output (non-finite floats become None), as the writers of records do.
+strict JSON for output (non-finite floats become None), as the writers of records do;
+``strict_dumps`` writes it as text a browser's ``JSON.parse`` always accepts.
 """
 
 from __future__ import annotations
@@ -128,6 +129,15 @@ def strict(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [strict(item) for item in value]
     return value
+
+
+def strict_dumps(value: Any, **options: Any) -> str:
+    """``value`` as strict JSON text (``options``: those of ``json.dumps``), each
+    non-finite float in it as ``null``, where Python's encoder would write ``NaN``."""
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError:  # a NaN or an infinity somewhere in it
+        return json.dumps(strict(value), allow_nan=False, **options)
 
 
 def is_count(value: Any) -> bool:

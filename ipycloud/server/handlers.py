@@ -15,8 +15,8 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ipycloud.runtime.monitor import strict_json
 from ipycloud.runtime.monitor.payloads import parse_since, reading
+from ipycloud.runtime.untrusted import strict_dumps
 from ipycloud.server.events import DeathRecorder
 from ipycloud.server.kernels import KernelWatch
 from ipycloud.server.monitor import ServerMonitor
@@ -47,10 +47,10 @@ class _Handler(APIHandler):
     def answer(self, body: object, status: int = 200) -> None:
         """Finish with ``body`` as strict JSON."""
         self.set_status(status)
-        self.answer_encoded(strict_json.dumps(body))
+        self.answer_encoded(strict_dumps(body))
 
     def answer_encoded(self, text: str) -> None:
-        """Finish with ``text``, JSON already encoded strictly (strict_json)."""
+        """Finish with ``text``, JSON already encoded strictly (strict_dumps)."""
         self.set_header("Content-Type", "application/json")
         self.finish(text)
 
@@ -61,7 +61,7 @@ class _Handler(APIHandler):
             message = error.log_message % error.args
         else:
             message = self._reason
-        self.finish(strict_json.dumps({"message": message}))
+        self.finish(strict_dumps({"message": message}))
 
     def since(self) -> float | None:
         """The ``since`` parameter as a Unix time; None when absent. One that is not a

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.messages import describe_error
-from ipycloud.runtime.monitor import strict_json
+from ipycloud.runtime.untrusted import strict_dumps
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def _readable(path: Path) -> Iterable[tuple[float, str]]:
             continue
         if math.isfinite(stamp):
             strict = b"NaN" not in raw and b"Infinity" not in raw  # as an older server wrote
-            yield stamp, raw.decode().strip() if strict else strict_json.dumps(reading)
+            yield stamp, raw.decode().strip() if strict else strict_dumps(reading)
         else:
             skipped += 1
     if skipped:

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
-from ipycloud.runtime.monitor import strict_json
 from ipycloud.runtime.monitor.host import HostProbe, HostSample
 from ipycloud.runtime.monitor.payloads import history_of_encoded, reading
 from ipycloud.runtime.monitor.sampler import Sampler
 from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.per_process import per_process
+from ipycloud.runtime.untrusted import strict_dumps
 from ipycloud.server.history import KeptHistory
 from ipycloud.server.settings import IpycloudServer
 
@@ -91,7 +91,7 @@ class ServerMonitor:
             if not self._kept_opened:
                 self._kept_opened = True
                 self.kept.open()
-        self.kept.add(sample.time, strict_json.dumps(reading(sample, self.interval)))
+        self.kept.add(sample.time, strict_dumps(reading(sample, self.interval)))
         return sample
 
 

@@ -9,7 +9,7 @@ log followed, its summaries encoded once) serves them all. A request that finds 
 FRESH_S old has it made again on a thread of its own and answers from the one it found;
 one made for another set of kernels is made at once, unless a making is under way: then
 the last view answers. No request waits on another's reading of files, but for the first
-view, at most FIRST_VIEW_WAIT_S. Logs are followed by ipycloud.runtime.monitor.run_tail:
+view, at most FIRST_VIEW_WAIT_S. Logs are followed by ipycloud.runtime.runs.following:
 regular files only, never through a link, their appended bytes only, what is kept of each
 bounded. A log under the root that is a link, or lies outside the root once its links are
 resolved, is not the server's unless a kernel of its own named it.
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.monitor import strict_json
-from ipycloud.runtime.monitor.run_tail import LogTail, index_entry
 from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs.following import FollowedLog
+from ipycloud.runtime.untrusted import strict_dumps
 
 Json = dict[str, Any]
 
@@ -52,7 +52,7 @@ class _View:
     """The server's runs as found at one time."""
 
     kernels: Collection[str]  # the kernels it was made for
-    logs: dict[str, LogTail]  # by run id
+    logs: dict[str, FollowedLog]  # by run id
     summaries: list[Json]  # newest first
     body: str  # the ``runs`` route's answer: strict JSON
     made_at: float
@@ -80,7 +80,7 @@ class RunFinder:
         self._making = False  # a view is being made
         self._walk: list[Path] | None = None  # the last walk's logs
         self._walked_at = 0.0
-        self._tails: dict[Path, LogTail] = {}  # as the last view followed them
+        self._tails: dict[Path, FollowedLog] = {}  # as the last view followed them
         self._index: dict[Path, tuple[tuple[int, int, int], Json | None]] = {}
 
     def prepare(self, kernels: Collection[str]) -> None:
@@ -111,7 +111,7 @@ class RunFinder:
     def run(self, run_id: str, kernels: Collection[str],
             since: float | None) -> tuple[Json, list[Json]] | None:
         """The summary of the run ``run_id`` and its first records after ``since`` (from
-        the first without), at most run_tail.RECORDS_LIMIT; None when the server has no run
+        the first without), at most log_reader.RECORDS_LIMIT; None when the server has no run
         of that id."""
         tail = self._current(kernels).logs.get(run_id)
         if tail is None or tail.summary is None:
@@ -121,8 +121,7 @@ class RunFinder:
     def run_json(self, run_id: str, kernels: Collection[str], since: float | None) -> str | None:
         """The ``runs/<id>`` route's answer (strict JSON), as ``run``."""
         found = self.run(run_id, kernels, since)
-        return None if found is None else strict_json.dumps({"run": found[0],
-                                                              "records": found[1]})
+        return None if found is None else strict_dumps({"run": found[0], "records": found[1]})
 
     def _current(self, kernels: Collection[str]) -> _View:
         """The view for ``kernels``: made now when there is none for them and no making is
@@ -167,9 +166,9 @@ class RunFinder:
     def _make(self, kernels: Collection[str]) -> _View:
         """Find the logs and follow them into a new view (one making at a time)."""
         paths = dict.fromkeys([*self._indexed(kernels), *self._walked()])
-        tails = {path: self._tails.get(path) or LogTail(path) for path in paths}
+        tails = {path: self._tails.get(path) or FollowedLog(path) for path in paths}
         followed = {path: tail for path, tail in tails.items() if tail.look()}
-        by_id: dict[str, LogTail] = {}
+        by_id: dict[str, FollowedLog] = {}
         for path, tail in followed.items():  # of two logs of one run, the one changed last
             other = by_id.get(path.stem)
             if other is None or tail.changed_ns > other.changed_ns:
@@ -177,7 +176,7 @@ class RunFinder:
         summaries = sorted((tail.summary for tail in by_id.values() if tail.summary),
                            key=_updated, reverse=True)
         self._tails = followed
-        self._view = _View(kernels, by_id, summaries, strict_json.dumps({"runs": summaries}),
+        self._view = _View(kernels, by_id, summaries, strict_dumps({"runs": summaries}),
                            self._clock())
         self._made.set()
         return self._view
@@ -209,7 +208,7 @@ class RunFinder:
         state = (status.st_ino, status.st_size, status.st_mtime_ns)
         known = self._index.get(path)
         if known is None or known[0] != state:
-            known = (state, index_entry(path))
+            known = (state, records.read_index_entry(path))
             self._index[path] = known
         return known[1]
 

@@ -5,7 +5,7 @@ their run records, answered as the Jupyter server's routes of the same names ans
 
 The page asks every second, so the runs are followed, not read anew: the user's index of
 runs is read for its new or changed entries only, and only this process's logs, each for
-the lines appended since the last look (ipycloud.runtime.monitor.run_tail: whatever the
+the lines appended since the last look (ipycloud.runtime.runs.following: whatever the
 files hold, the answers are strict JSON).
 """
 
@@ -17,11 +17,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.monitor import strict_json
-from ipycloud.runtime.monitor.run_tail import LogTail, index_entry
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs.following import FollowedLog
 from ipycloud.runtime.runs.summary import RunSummary
+from ipycloud.runtime.untrusted import strict_dumps
 
 Json = dict[str, Any]
 
@@ -36,12 +36,12 @@ class ProcessRuns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[int, Path | None]] = {}  # index file: mtime, my log
-        self._logs: dict[Path, LogTail] = {}
+        self._logs: dict[Path, FollowedLog] = {}
 
-    def logs(self) -> list[LogTail]:
+    def logs(self) -> list[FollowedLog]:
         """Each run's log as read now (each with a summary), the run updated last first."""
         with self._lock:
-            tails = {path: self._logs.get(path) or LogTail(path) for path in self._my_logs()}
+            tails = {path: self._logs.get(path) or FollowedLog(path) for path in self._my_logs()}
             self._logs = {path: tail for path, tail in tails.items() if tail.look()}
             return sorted(self._logs.values(), key=_updated, reverse=True)
 
@@ -64,23 +64,16 @@ class ProcessRuns:
         for name, (changed, path) in found.items():
             known = self._entries.get(name)
             if known is None or known[0] != changed:
-                entry = index_entry(path)
-                log = Path(entry["log"]) if entry is not None and me in _processes(entry) \
-                    else None
+                entry = records.read_index_entry(path)
+                mine = entry is not None and me in records.entry_processes(entry)
+                log = Path(entry["log"]) if entry is not None and mine else None
                 known = (changed, log)
             entries[name] = known
         self._entries = entries
         return [log for _, log in entries.values() if log is not None]
 
 
-def _processes(entry: Json) -> set[tuple[object, object]]:
-    """The (pid, host) of the process that writes an index entry's run and of those that
-    follow it."""
-    return {(named.get("pid"), named.get("host"))
-            for named in [entry, *records.followers(entry)]}
-
-
-def _updated(tail: LogTail) -> float:
+def _updated(tail: FollowedLog) -> float:
     updated = tail.summary["updated"] if tail.summary else None
     return float(updated) if isinstance(updated, int | float) else 0.0
 
@@ -93,7 +86,7 @@ def process_runs() -> ProcessRuns:
 
 def runs_answer() -> bytes:
     """The JSON of ``api/runs``: ``{"runs": [summary, ...]}``."""
-    return strict_json.dumps({"runs": [tail.summary for tail in process_runs().logs()]}).encode()
+    return strict_dumps({"runs": [tail.summary for tail in process_runs().logs()]}).encode()
 
 
 def run_answer(run_id: str, since: float | None) -> bytes:
@@ -101,6 +94,6 @@ def run_answer(run_id: str, since: float | None) -> bytes:
     since]}``; NoSuchRun where no run of this process has ``run_id``."""
     for tail in process_runs().logs():
         if tail.summary is not None and tail.summary["id"] == run_id:
-            return strict_json.dumps({"run": tail.summary,
-                                      "records": tail.records_after(since)}).encode()
+            return strict_dumps({"run": tail.summary,
+                                 "records": tail.records_after(since)}).encode()
     raise NoSuchRun(f"no run {run_id!r} in this kernel: api/runs lists its runs")

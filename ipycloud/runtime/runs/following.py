@@ -1,55 +1,77 @@
-"""Run logs followed as they grow, for the fronts that look again every second or so (the
-Jupyter server's runs routes, the kernel's page): a log read again only when it changed,
-and then only its appended lines parsed, into a state of bounded size (``LogReader``)."""
+"""Run logs followed by the fronts that look again every second or so (the Jupyter
+server's runs routes, the kernel's page), whatever the files hold: each look reads only
+what was appended (``LogReader``: regular files only, never through a link, never waiting
+on a FIFO, in bounded memory), at most LOOK_BYTES of it (a huge log is taken over several
+looks, none of which keeps its front waiting), and sums the run up again only when its log
+changed or the run is live (its process may have died since)."""
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.runs.log_reader import LogReader
 from ipycloud.runtime.runs.summary import LIVE, RunSummary
 
+logger = logging.getLogger(__name__)
+
 Json = dict[str, Any]
 
+LOOK_BYTES = 4 << 20  # of a log read by one look at most
 
-@dataclass(frozen=True)
+
 class FollowedLog:
-    """A log's summary and kept records as of one state of the file. ``lines`` are the
-    records the reader keeps (the newest start, at most MAX_STEP_ROWS step rows and
-    MAX_EPOCH_ROWS epoch rows spread over the run, the last events and checkpoints, the
-    end), in time order; ``summary`` is ``run`` as JSON (strict: no NaN)."""
+    """One run log followed as it grows: one thread looks, any may read what it found."""
 
-    state: tuple[int, int, int]  # inode, size, modification time (ns)
-    reader: LogReader
-    lines: list[Json]
-    run: RunSummary
-    summary: Json
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.reader = LogReader(path)
+        self.look_bytes = LOOK_BYTES
+        self.summary: Json | None = None  # RunSummary JSON (strict), as of the last look
+        self.changed_ns = 0  # the log's modification time at the last look
+        self._state: tuple[int, int, int] | None = None  # inode, size, mtime of the look
+        self._failure: str | None = None  # why the last summary could not be made
 
-    def after(self, since: float | None) -> list[Json]:
-        """The kept records whose time is after ``since`` (all of them for None)."""
-        return self.lines if since is None else [line for line in self.lines
-                                                 if line["t"] > since]
+    def look(self) -> bool:
+        """Read what was appended since the last look (at most ``look_bytes``, the rest
+        left to the next looks) and sum the run up again where that may change it; whether
+        ``summary`` holds one. False where the log cannot be read (gone, no regular file);
+        a log whose records the summary cannot take keeps its last summary, with one
+        warning."""
+        try:
+            self._look()
+            self._failure = None
+        except OSError:
+            return False
+        except Exception as error:  # a record no reader foresaw: never the fronts' end
+            failure = describe_error(error)
+            if failure != self._failure:
+                logger.warning("ipycloud could not summarise the run log %s: %s", self.path,
+                               failure)
+                self._failure = failure
+        return self.summary is not None
 
+    def run(self) -> RunSummary:
+        """The run as read at the last look."""
+        return self.reader.summary()
 
-def read_log(path: Path, last: FollowedLog | None = None) -> FollowedLog | None:
-    """The summary and kept records of the log at ``path``, given how ``last`` read it:
-    read again when the log changed (only what was appended), the summary made again while
-    the run is live (it may have died); None when it cannot be read or is no regular file
-    (a symlink, a FIFO). A last line still being written waits for its newline."""
-    try:
-        stat = os.lstat(path)
-        state = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-        if last is not None and last.state == state:
-            if last.summary["status"] not in LIVE:
-                return last
-            run = last.reader.summary()
-            return replace(last, run=run, summary=run.to_json())
-        reader = last.reader if last is not None else LogReader(path)
-        reader.read()
-    except OSError:
-        return None
-    run = reader.summary()
-    return FollowedLog(state, reader, reader.records(), run, run.to_json())
+    def records_after(self, since: float | None) -> list[Json]:
+        """The first records after ``since`` (see ``LogReader.records_after``); none where
+        the log can no longer be read."""
+        try:
+            return self.reader.records_after(since)
+        except OSError:
+            return []
+
+    def _look(self) -> None:
+        status = os.lstat(self.path)
+        state = (status.st_ino, status.st_size, status.st_mtime_ns)
+        if state != self._state or self.summary is None or self.reader.offset < status.st_size:
+            self.reader.read(budget=self.look_bytes)
+            self._state, self.changed_ns = state, status.st_mtime_ns
+        elif self.summary["status"] not in LIVE:
+            return
+        self.summary = self.reader.summary().to_json()

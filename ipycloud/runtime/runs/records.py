@@ -30,6 +30,7 @@ from ipycloud.runtime.untrusted import (
     open_regular,
     read_small,
     strict,
+    strict_dumps,
 )
 
 RECORD_FOLDER = ".ipycloud-runs"
@@ -141,6 +142,14 @@ def entry_kernels(entry: dict[str, Any]) -> set[str]:
         follower.get("kernel") for follower in followers(entry))] if isinstance(kernel, str)}
 
 
+def entry_processes(entry: dict[str, Any]) -> set[tuple[int, str]]:
+    """The (pid, host) of the process that writes an index entry's run and of those that
+    follow it, where the entry names them as a count and a text (another program's entry
+    may hold anything there)."""
+    return {(named["pid"], named["host"]) for named in [entry, *followers(entry)]
+            if is_count(named.get("pid")) and isinstance(named.get("host"), str)}
+
+
 def _write_entry(path: Path, entry: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomically(path, json.dumps(entry).encode())
@@ -210,10 +219,12 @@ def read_records(path: Path, torn_tail: bool = True) -> list[dict[str, Any]]:
 class Lines:
     """The records on the lines of one log, fed to it in chunks of bytes as they are
     read: a line longer than MAX_LINE_BYTES is never held whole, and each damaged line is
-    told once with a RunRecordWarning, MAX_WARNINGS at most for the log."""
+    told once with a RunRecordWarning, MAX_WARNINGS at most for the log (none where not
+    ``tell``: lines read again, told when first read)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, tell: bool = True) -> None:
         self.path = path
+        self.tell = tell
         self.number = 0  # of whole lines taken
         self.damaged = 0  # lines that were not records
         self._tail = bytearray()  # the start of the next line
@@ -254,6 +265,11 @@ class Lines:
         else:
             self._tail += piece
 
+    def pending(self) -> int | None:
+        """The bytes held of the line not yet complete; None where it is over
+        MAX_LINE_BYTES (skipped to its end, its start not known)."""
+        return None if self._too_long else len(self._tail)
+
     def end(self) -> None:
         """Tell, once, of a last line without its newline (cut short by a kill): not read."""
         pending = self._too_long or bool(self._tail.strip())
@@ -263,7 +279,7 @@ class Lines:
 
     def _damaged(self, what: str) -> None:
         self.damaged += 1
-        if self.damaged <= MAX_WARNINGS:
+        if self.tell and self.damaged <= MAX_WARNINGS:
             more = (" (the log's further damaged lines are skipped without a word)"
                     if self.damaged == MAX_WARNINGS else "")
             warnings.warn(f"run log {self.path}: {what}; skipped{more}", RunRecordWarning,
@@ -309,12 +325,7 @@ def _bounded(value: Any, depth: int) -> Any:
 def encode(record: dict[str, Any]) -> bytes:
     """One line of a log: ``record`` as compact JSON (values JSON cannot hold as text, and
     infinities, made readable) and a newline."""
-    try:
-        text = json.dumps(record, separators=(",", ":"), allow_nan=False, default=_plain)
-    except ValueError:  # an infinite or NaN metric
-        text = json.dumps(strict(record), separators=(",", ":"), allow_nan=False,
-                          default=_plain)
-    return text.encode() + b"\n"
+    return strict_dumps(record, separators=(",", ":"), default=_plain).encode() + b"\n"
 
 
 def _plain(value: Any) -> Any:
