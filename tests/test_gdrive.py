@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fifo_reader import read_with_fifo_at
 from gdrive_server import FakeDrive
 from IPython.lib.pretty import pretty
 
@@ -230,6 +231,19 @@ def test_a_second_call_is_skipped_without_a_request(
         assert again == GdriveResult(first.path, "file", f.id, 1, len(DATA), SHA, True)
         assert "already present" in again.summary()
     assert gdrive_server.log == []
+
+
+def test_a_fifo_in_place_of_the_marker_downloads_again_without_a_hang(
+    gdrive_server: FakeDrive, tmp_path: Path
+) -> None:
+    f = gdrive_server.add_file("d.bin", DATA)
+    gdrive_download(f.id, tmp_path, progress=False)
+    marker = tmp_path / STAGING / f"{f.id}.json"
+    marker.unlink()
+    gdrive_server.clear()
+    again = read_with_fifo_at(marker, lambda: gdrive_download(f.id, tmp_path, progress=False))
+    assert not again.skipped and again.path.read_bytes() == DATA
+    assert json.loads(marker.read_text())["name"] == "d.bin"
 
 
 def test_a_present_file_under_the_given_name_is_skipped(

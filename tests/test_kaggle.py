@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import stat
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from fifo_reader import read_with_fifo_at
 from kaggle_server import KaggleServer, closed_port, make_zip
 from kagglehub.clients import CHUNK_SIZE as CHUNK
 
@@ -29,7 +31,7 @@ from ipycloud.runtime.storage.kaggle import (
     _Job,
     kaggle_download,
 )
-from ipycloud.runtime.storage.kaggle_credentials import KaggleAuth, _secrets
+from ipycloud.runtime.storage.kaggle_credentials import KaggleAuth, _read_kaggle_json, _secrets
 from ipycloud.runtime.storage.mount import mount
 
 USER, KEY = "alice", "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
@@ -445,6 +447,23 @@ def test_malformed_kaggle_json_names_the_file_not_its_content(
     assert kaggle_server.requests == []
     if where == "project":
         assert not (tmp_path / "home" / ".kaggle" / "kaggle.json").exists()
+
+
+def test_a_fifo_in_place_of_kaggle_json_is_a_one_line_error_not_a_hang(
+        tmp_path: Path) -> None:
+    path = tmp_path / "kaggle.json"
+    with pytest.raises(KaggleError, match=rf"^cannot read {re.escape(str(path))}: not a "
+                                          r"regular file$"):
+        read_with_fifo_at(path, lambda: _read_kaggle_json(path))
+
+
+def test_a_kaggle_json_too_large_is_refused_without_its_content(tmp_path: Path) -> None:
+    path = tmp_path / "kaggle.json"
+    path.write_text(json.dumps({"username": "u", "key": "SECRET-VALUE-42", "pad": " " * 70_000}))
+    with pytest.raises(KaggleError) as err:
+        _read_kaggle_json(path)
+    assert str(err.value).startswith(f"{path} is not a valid kaggle.json")
+    assert "SECRET" not in str(err.value) + repr(err.value)
 
 
 # -- the key stays secret; progress ---------------------------------------------------------

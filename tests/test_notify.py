@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from alert_receiver import AlertReceiver
+from fifo_reader import read_with_fifo_at
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from test_fit_followers import problem
@@ -150,6 +151,15 @@ def test_adding_a_url_logs_no_part_of_it_even_at_debug_level(
         shell.run_line_magic("notify", f"add bogus://{SECRET}")
     assert notify.urls.saved_urls() == [f"ntfy://ntfy.sh/{SECRET}"]
     assert SECRET not in caplog.text
+
+
+def test_a_fifo_in_place_of_notify_json_is_a_one_line_error_not_a_hang(
+        shell: InteractiveShell, config_home: Path) -> None:
+    config_home.mkdir(parents=True, mode=0o700)
+    with pytest.raises(UsageError, match=rf"^%notify list: cannot read {config_home}/notify"
+                                         r"\.json: not a regular file: fix or delete it$"):
+        read_with_fifo_at(config_home / "notify.json",
+                          lambda: shell.run_line_magic("notify", "list"))
 
 
 def test_a_config_folder_others_can_write_is_made_private_before_use(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fifo_reader import read_with_fifo_at
 from waiting import wait_for
 
 from ipycloud.runtime.monitor.prices import PRICES_ENV, load_prices
@@ -482,7 +483,7 @@ ENTRY: dict[str, Any] = {"gpu": "T4", "gpus": 1, "usd_per_hour": 1.0,
     (json.dumps({"x:y": {**ENTRY, "usd_per_hour": -1}}),
      r"entry 'x:y': usd_per_hour must be a finite number >= 0, got -1"),
     ('{"x:y": {"gpu": "T4", "gpus": 1, "usd_per_hour": NaN}}',
-     r"entry 'x:y': usd_per_hour must be a finite number >= 0, got nan"),
+     r"entry 'x:y': usd_per_hour must be a finite number >= 0, got None"),
     (json.dumps({"x:y": {**ENTRY, "usd_per_hour": "1.0"}}),
      r"entry 'x:y': usd_per_hour must be a finite number >= 0, got '1.0'"),
     (json.dumps({"x:y": {**ENTRY, "usd_per_hr": 1}}), r"entry 'x:y': unknown field 'usd_per_hr'"),
@@ -516,6 +517,22 @@ def test_a_missing_price_file_is_a_one_line_error(tmp_path: Path,
     with pytest.raises(ValueError, match=f"^{PRICES_ENV}={re.escape(str(missing))}: cannot "
                                          f"read the price file"):
         usage_report(one_gpu(range(10)))
+
+
+def test_a_fifo_in_place_of_a_price_file_is_a_one_line_error_not_a_hang(
+        tmp_path: Path) -> None:
+    path = tmp_path / "prices.json"
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: cannot read the price "
+                                         f"file: not a regular file$"):
+        read_with_fifo_at(path, lambda: load_prices(path, environ={}))
+
+
+def test_a_price_file_too_large_is_a_one_line_error(tmp_path: Path) -> None:
+    path = tmp_path / "prices.json"
+    path.write_bytes(b" " * (16 << 20) + b"{}")
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: cannot read the price "
+                                         f"file: .* holds more than 16,777,216 bytes$"):
+        load_prices(path, environ={})
 
 
 def test_attached_to_a_sampler_the_tracker_counts_its_samples() -> None:

@@ -20,8 +20,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.untrusted import load_json, read_small
+
 PRICES_ENV = "IPYCLOUD_PRICES"
 SHIPPED = "ipycloud/data/prices.json"
+MAX_FILE_BYTES = 16 << 20  # a price file longer than this is refused
 PriceSource = str | os.PathLike[str] | Mapping[str, Any]
 
 _FIELDS = ("gpu", "gpus", "usd_per_hour", "units_per_hour", "usd_per_unit", "source", "as_of",
@@ -189,21 +192,23 @@ def _document(prices: PriceSource, origin: str | None = None) -> tuple[str, Any]
         return origin or "prices mapping", prices
     path = Path(prices)
     origin = origin or str(path)
-    return origin, _read_json(origin, path.read_text)
+    return origin, _read_json(origin, lambda: read_small(path, MAX_FILE_BYTES, follow_links=True))
 
 
-def _read_json(origin: str, read: Callable[[], str]) -> Any:
+def _read_json(origin: str, read: Callable[[], bytes | str]) -> Any:
+    """The JSON document ``read`` gives; PriceError (one line) for a file that cannot be
+    read (not a regular file, too large) or is not JSON."""
     try:
         text = read()
-    except (OSError, UnicodeDecodeError) as error:
+    except (OSError, ValueError) as error:  # ValueError: too large, or text not UTF-8
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise PriceError(f"{origin}: cannot read the price file: {reason}") from None
     try:
-        return json.loads(text)
+        return load_json(text)
     except json.JSONDecodeError as error:
         raise PriceError(f"{origin}: not valid JSON: {error.msg} at line {error.lineno} "
                          f"column {error.colno}") from None
-    except (ValueError, RecursionError) as error:  # a number too long, nesting too deep
+    except ValueError as error:  # nested too deep, bytes that are not UTF-8
         raise PriceError(f"{origin}: not valid JSON: {type(error).__name__}") from None
 
 

@@ -20,10 +20,12 @@ from typing import Any
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.notify.quiet import quieted
+from ipycloud.runtime.untrusted import load_json, read_small
 
 CONFIG_DIR_ENV = "IPYCLOUD_CONFIG_DIR"
 URLS_ENV = "IPYCLOUD_NOTIFY"
 FILE_NAME = "notify.json"
+MAX_FILE_BYTES = 1 << 20  # far more than any list of alert URLs
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's
 
 
@@ -43,11 +45,13 @@ def saved_urls() -> list[str]:
     path = config_file()
     private_folder(path.parent)
     try:
-        content = json.loads(path.read_text(encoding="utf-8"))
+        content = load_json(read_small(path, MAX_FILE_BYTES, follow_links=True))
     except FileNotFoundError:
         return []
-    except (OSError, ValueError, RecursionError) as error:  # JSON nested too deep: Recursion...
-        raise ValueError(f"cannot read {path}: {type(error).__name__}: fix or delete it") from None
+    except (OSError, ValueError) as error:  # not a regular file, too large, not JSON
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else (
+            type(error).__name__)
+        raise ValueError(f"cannot read {path}: {reason}: fix or delete it") from None
     urls = content.get("urls") if isinstance(content, dict) else None
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
         raise ValueError(f"{path} holds no list of URLs under \"urls\": fix or delete it")

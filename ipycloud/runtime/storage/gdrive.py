@@ -36,9 +36,11 @@ from ipycloud.runtime.messages import errno_reason, one_line, worded
 from ipycloud.runtime.storage.mount import data_folder
 from ipycloud.runtime.storage.verify import Expect, check_name, hash_file
 from ipycloud.runtime.units import counted
+from ipycloud.runtime.untrusted import load_json, read_small
 
 STAGING = ".ipycloud-gdrive"
 TIMEOUT_S = 60.0
+MARKER_BYTES = 64 << 10  # a marker holds a name, a size and a digest
 _HOSTS = frozenset({"drive.google.com", "docs.google.com", "drive.usercontent.google.com"})
 _ID = re.compile(r"[A-Za-z0-9_-]{25,128}")
 _FILE_PATH = re.compile(r"/file(?:/u/\d+)?/d/([^/]+)(?:/(?:view|edit|preview))?/?")
@@ -216,9 +218,10 @@ def _destination(dest: str | os.PathLike[str] | None) -> Path:
 
 
 def _read_marker(path: Path) -> dict[str, Any]:
-    """The marker's record, or {} when missing or unreadable."""
+    """The marker's record, or {} when missing or unreadable (not a regular file, too
+    large, not JSON)."""
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = load_json(read_small(path, MARKER_BYTES))
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}

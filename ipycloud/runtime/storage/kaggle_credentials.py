@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +18,12 @@ from pathlib import Path
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.messages import scrub
 from ipycloud.runtime.storage.mount import last_mount
+from ipycloud.runtime.untrusted import TooLarge, load_json, read_small
 
 __all__ = ["KaggleAuth", "KaggleError", "find_credentials", "no_credentials"]
 
 CREDENTIALS_FILE = "kaggle.json"
+MAX_CREDENTIALS_BYTES = 64 << 10  # a kaggle.json is under 100 bytes
 WEB = "https://www.kaggle.com"
 
 
@@ -66,15 +67,18 @@ def _secrets(username: str, key: str) -> tuple[str, ...]:
 
 
 def _read_kaggle_json(path: Path) -> tuple[bytes, str, str]:
-    """(raw bytes, username, key) of a kaggle.json; KaggleError naming only the file."""
+    """(raw bytes, username, key) of a kaggle.json; KaggleError naming only the file (one
+    that is not a regular file, or too large, is refused without reading it all)."""
+    parsed: object = None
     try:
-        raw = path.read_bytes()
+        raw = read_small(path, MAX_CREDENTIALS_BYTES, follow_links=True)
+    except TooLarge:
+        raw = b""  # refused below, as any text that is not a kaggle.json
     except OSError as error:
         raise KaggleError(f"cannot read {path}: {error.strerror or type(error).__name__}"
                           ) from None
-    parsed: object = None
-    with contextlib.suppress(ValueError, RecursionError):  # RecursionError: nested too deep
-        parsed = json.loads(raw)
+    with contextlib.suppress(ValueError):  # not JSON, or nested too deep
+        parsed = load_json(raw)
     user = parsed.get("username") if isinstance(parsed, dict) else None
     key = parsed.get("key") if isinstance(parsed, dict) else None
     if isinstance(user, str) and isinstance(key, str) and user.strip() and key.strip():
