@@ -62,6 +62,7 @@ _POLL_S = 0.5  # the longest the notebook sleeps before looking at its workers a
 _EXIT_GRACE_S = 10.0  # time a worker that has reported gets to exit by itself
 _KILL_GRACE_S = 3.0  # time a terminated worker gets before SIGKILL, and after it
 _SETTLE_S = 1.0  # how long a reported failure waits for silent ranks to show they died
+_SAVE_GRACE_S = 30.0  # time the others get after a rank ended by SIGTERM (the first saves)
 _CUDA_INITIALISED = (
     "CUDA is already initialised in this kernel, so forked workers cannot use it: restart "
     "the kernel and call launch() before anything touches CUDA (typically .cuda(), "
@@ -146,8 +147,10 @@ def launch(fn: Callable[..., T], *args: Any, nprocs: int | str = "auto",
     GPU of its own, rank r calls ``torch.cuda.set_device(r)``. Each rank uses
     ``usable cores // nprocs`` torch threads (at least 1).
 
-    If a rank raises or dies, the other ranks are terminated at once and LaunchError names
-    the rank and the error; the rank's traceback is chained as a RemoteTraceback. A SIGTERM
+    If a rank raises or dies, the other ranks are terminated at once (after a rank ended
+    by SIGTERM, once they end or 30 s have passed: the first may be saving), and
+    LaunchError names the rank and the error; the rank's traceback is chained as a
+    RemoteTraceback. A SIGTERM
     to this process (the machine going away) is passed on to every rank, so ``fit`` saves
     in the first; once the ranks have ended, the signal takes its course here too. CUDA
     must not be initialised in this process beforehand (LaunchError says so); note that
@@ -165,6 +168,9 @@ def launch(fn: Callable[..., T], *args: Any, nprocs: int | str = "auto",
             for rank in range(plan.nprocs):
                 workers.append(_start(context, rank, plan, fn, args, kwargs))
             results = _collect(workers, plan.nprocs)
+        except LaunchError as error:
+            _stop(workers, grace=_stop_grace(error))
+            raise
         except BaseException:
             _stop(workers, grace=0.0)
             raise
@@ -576,6 +582,14 @@ def _root_cause(failures: list[_Failure]) -> _Failure:
     connections), then the earliest reported error.
     """
     return min(failures, key=lambda failure: (failure.reported, failure.when))
+
+
+def _stop_grace(error: LaunchError) -> float:
+    """Seconds the other ranks get to end by themselves after ``error``: a rank ended by
+    SIGTERM stops with its group at one step, which the first rank may still be saving,
+    so the others get the time a spot VM gives between SIGTERM and SIGKILL; none after
+    any other failure."""
+    return _SAVE_GRACE_S if error.exitcode == -signal.SIGTERM else 0.0
 
 
 def _launch_error(failure: _Failure, nprocs: int) -> LaunchError:
