@@ -82,6 +82,33 @@ def _h100(index: int) -> FakeGpu:
     )
 
 
+def _p100() -> FakeGpu:
+    return FakeGpu(
+        name="Tesla P100-PCIE-16GB", uuid="GPU-3c2b1a09-8f7e-4d6c-b5a4-938271605f4e",
+        bus_id="00000000:00:04.0", memory_total_mib=16384, memory_used_mib=0,
+        utilization=(0, 0), temperature=36, power_mw=26_134, power_limit_mw=250_000,
+        clocks={"sm": (1189, 1328), "mem": (715, 715)}, capability=(6, 0),
+    )
+
+
+def _a100() -> FakeGpu:
+    return FakeGpu(
+        name="NVIDIA A100-SXM4-40GB", uuid="GPU-7d6c5b4a-3928-4171-a605-f4e3d2c1b0a9",
+        bus_id="00000000:00:04.0", memory_total_mib=40960, memory_used_mib=3,
+        utilization=(0, 0), temperature=32, power_mw=54_312, power_limit_mw=400_000,
+        clocks={"sm": (210, 1410), "mem": (1215, 1215)}, capability=(8, 0), mig=[],
+    )
+
+
+def _l4() -> FakeGpu:
+    return FakeGpu(
+        name="NVIDIA L4", uuid="GPU-5e4d3c2b-1a09-4f8e-97d6-c5b4a3928170",
+        bus_id="00000000:00:03.0", memory_total_mib=23034, memory_used_mib=0,
+        utilization=(0, 0), temperature=40, power_mw=16_287, power_limit_mw=72_000,
+        clocks={"sm": (210, 2040), "mem": (405, 6251)}, capability=(8, 9),
+    )
+
+
 def _no_power_no_clocks() -> FakeGpu:
     return FakeGpu(
         name="Quadro P1000", uuid="GPU-9f8e7d6c-5b4a-3928-1716-051403020100",
@@ -98,6 +125,9 @@ BOARDS: dict[str, FakeBoard] = {
     "driver-not-loaded": FakeBoard([], init_error=real.NVML_ERROR_DRIVER_NOT_LOADED),
     "no-gpu": FakeBoard([]),
     "1xT4": FakeBoard([_t4()]),
+    "1xP100": FakeBoard([_p100()]),
+    "1xA100": FakeBoard([_a100()]),
+    "1xL4": FakeBoard([_l4()], driver="550.54.15", cuda_driver=12040),
     "2xA100-MIG": FakeBoard([_a100_mig(0, 3), _a100_mig(1, 2)], driver="525.85.12",
                             cuda_driver=12000),
     "8xH100": FakeBoard([_h100(i) for i in range(8)], driver="550.54.15", cuda_driver=12040),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import random
@@ -616,10 +617,22 @@ def test_bad_tags_are_value_errors(tmp_path: Path, tag: str) -> None:
         CheckpointManager(tmp_path / "run").save({"x": 1}, step=1, tag=tag)
 
 
-def test_nan_metric_is_a_value_error_and_saves_nothing(tmp_path: Path) -> None:
+def test_a_nan_or_infinite_metric_is_left_out_of_a_checkpoint_saved_whole(
+        tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    info = manager.save({"x": 1}, step=1, metrics={"loss": math.nan, "f1": -math.inf,
+                                                   "accuracy": 0.5})
+    assert info is not None and info.metrics == {"accuracy": 0.5}
+    manifest = json.loads(info.manifest_path.read_text(),
+                          parse_constant=lambda constant: pytest.fail(constant))
+    assert manifest["metrics"] == {"accuracy": 0.5}
+    assert [saved.step for saved in manager.list()] == [1]
+
+
+def test_a_data_position_with_nan_is_refused_and_saves_nothing(tmp_path: Path) -> None:
     folder = tmp_path / "run"
-    with pytest.raises(ValueError, match="'loss' is NaN"):
-        CheckpointManager(folder).save({"x": 1}, step=1, metrics={"loss": math.nan})
+    with pytest.raises(ValueError, match=r"^data_position must be JSON data \(finite numbers"):
+        CheckpointManager(folder).save({"x": 1}, step=1, data_position={"at": math.nan})
     assert not list(folder.glob("step-*"))
 
 

@@ -5,10 +5,12 @@ fails when read back, or a final sync that fails keeps the machine and says why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +19,18 @@ from kernels import kernel
 from test_fit_followers import problem
 
 import ipycloud
+from ipycloud.runtime.checkpoint import CheckpointWarning
+from ipycloud.runtime.storage import filesystem
 from ipycloud.runtime.storage.background import BackgroundSync
 
 RELEASED_ON_COLAB = "ipycloud.fit: the run is saved and verified: releasing this Colab machine"
 KEEPING = "ipycloud.fit: release=True: keeping the machine: "
 
 
-def train(folder: Path | None, **options: Any) -> ipycloud.History:
+def train(folder: Any, **options: Any) -> ipycloud.History:
     model, optimizer, data = problem(32)
-    return ipycloud.fit(model, optimizer, data, epochs=2, device="cpu", progress=False,
-                        checkpoint=folder, release=True, **options)
+    return ipycloud.fit(model, optimizer, data, device="cpu", progress=False,
+                        checkpoint=folder, release=True, **{"epochs": 2, **options})
 
 
 def unassigned() -> list[tuple[()]]:
@@ -36,29 +40,146 @@ def unassigned() -> list[tuple[()]]:
 
 
 @pytest.fixture
-def colab(colab_stub: None) -> None:
+def colab(colab_stub: None) -> Iterator[None]:
+    from google.colab import drive  # the stub
+
     unassigned().clear()
+    drive.flushes.clear()
+    yield
+    drive.BEHAVIOUR = "ok"
 
 
-def test_on_colab_the_machine_goes_once_the_final_sync_has_copied_the_checkpoint(
-        colab: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+@pytest.fixture
+def drive_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder that the mount table lists as Drive's FUSE mount (fuse.drive), as
+    ``drive.mount`` leaves /content/drive on Colab; the mount table is this machine's,
+    with that line added."""
+    mounted = tmp_path / "drive"
+    (mounted / "MyDrive").mkdir(parents=True)
+    point = str(mounted.resolve()).replace("\\", "\\134").replace(" ", "\\040")
+    table = tmp_path / "mountinfo"
+    table.write_text(filesystem.MOUNTINFO.read_text() + f"990 1 0:990 / {point} rw,nosuid,"
+                     "nodev,relatime shared:990 - fuse.drive drive rw,user_id=0,group_id=0\n")
+    monkeypatch.setattr(filesystem, "MOUNTINFO", table)
+    return mounted / "MyDrive"
+
+
+def pushed_when(drive_files: Path, released: list[str],
+                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note in ``released`` Drive's flush (with the names under ``drive_files`` then) and
+    the machine's release, in their order."""
+    from google.colab import drive, runtime
+
+    flush = drive.flush_and_unmount
+
+    def flush_and_unmount(timeout_ms: int = 24 * 60 * 60 * 1000) -> None:
+        names = sorted(path.name for path in drive_files.rglob("step-*"))
+        released.append(f"flush {' '.join(names)}")
+        flush(timeout_ms)
+
+    monkeypatch.setattr(drive, "flush_and_unmount", flush_and_unmount)
+    monkeypatch.setattr(runtime, "unassign", lambda: released.append("unassign"))
+
+
+def test_on_colab_the_machine_goes_once_the_final_sync_to_drive_is_flushed(
+        colab: None, tmp_path: Path, drive_folder: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from google.colab import runtime
-
-    folder, drive = tmp_path / "run one", tmp_path / "drive copy"
+    folder, drive = tmp_path / "run one", drive_folder / "run copy"
     folder.mkdir()
     BackgroundSync(folder, drive, every_s=3600).start()  # its first pass ran at the start
-    on_drive_when_released: list[list[str]] = []
-    monkeypatch.setattr(runtime, "unassign", lambda: on_drive_when_released.append(
-        sorted(path.name for path in drive.iterdir())))
+    released: list[str] = []
+    pushed_when(drive, released, monkeypatch)
 
     history = train(folder)
 
     assert len(history.epochs) == 2
     final = ipycloud.CheckpointManager(folder).latest()
     assert final is not None and final.step == 8
-    assert set(final.files) <= set(on_drive_when_released[0])
+    assert released[-1] == "unassign" and len(released) == 2
+    assert set(final.files) <= set(released[0].split()[1:])
     assert capsys.readouterr().out.splitlines()[-1] == RELEASED_ON_COLAB
+
+
+def test_on_colab_a_folder_on_drive_is_flushed_before_the_machine_goes(
+        colab: None, drive_folder: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from google.colab import drive
+
+    folder = drive_folder / "checkpoints" / "run"
+    released: list[str] = []
+    pushed_when(folder, released, monkeypatch)
+
+    train(folder)
+
+    final = ipycloud.CheckpointManager(folder).latest()
+    assert final is not None and final.step == 8
+    assert released == [f"flush {' '.join(sorted(path.name for path in folder.rglob('step-*')))}",
+                        "unassign"]
+    assert final.data_path.name in released[0]
+    assert drive.flushes == [3_600_000]
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "ipycloud.fit: pushing the writes Drive's mount still caches to Drive "
+        "(google.colab.drive.flush_and_unmount) before releasing", RELEASED_ON_COLAB]
+
+
+def test_on_colab_a_drive_that_does_not_take_the_writes_keeps_the_machine(
+        colab: None, drive_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from google.colab import drive
+
+    drive.BEHAVIOUR = "push fails"
+    train(drive_folder / "run")
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{KEEPING}flushing Drive failed (ValueError: flush_and_unmount failed): Drive may "
+        "not have the run yet")
+    assert unassigned() == []
+
+
+def test_on_colab_a_folder_on_the_machine_s_own_disk_keeps_the_machine(
+        colab: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "run"
+    words = (f"{KEEPING}{folder} is on this machine's own disk and no sync copies it to "
+             "storage that outlives the machine, so its only copy would go with it: pass "
+             "checkpoint= a folder on Drive (ipycloud.mount() mounts it), or sync this one "
+             "to Drive (%mount_storage sync)")
+    train(folder)
+    assert capsys.readouterr().out.splitlines()[-1] == words
+
+    BackgroundSync(folder, tmp_path / "copy", every_s=3600).start()  # on the same disk
+    train(folder, epochs=3)
+    assert capsys.readouterr().out.splitlines()[-1] == words
+    assert unassigned() == []
+
+
+def test_a_final_save_that_fails_keeps_the_machine(
+        colab: None, small_tmpfs: Callable[..., Path],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    folder = small_tmpfs("1m") / "run"
+    manager = ipycloud.CheckpointManager(folder, fallback=None)
+
+    class FillTheDiskInTheLastEpoch:
+        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+            if epoch == 2:
+                fill(folder)
+
+    with pytest.warns(CheckpointWarning, match="step 12 is not saved"):
+        train(manager, epochs=3, checkpoint_every=4, callbacks=[FillTheDiskInTheLastEpoch()])
+    assert [info.step for info in manager.list()] == [4, 8]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{KEEPING}the final checkpoint (step 12) is not saved; the newest is step 8, in "
+        f"{folder}")
+    assert unassigned() == []
+
+
+def fill(folder: Path) -> None:
+    """Fill the file system of ``folder`` up: the next write finds no space."""
+    descriptor = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (1 << 16, 1 << 12, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(descriptor, b"\0" * size)
+    finally:
+        os.close(descriptor)
 
 
 def test_on_colab_a_run_that_fails_or_pauses_keeps_the_machine(

@@ -7,12 +7,21 @@ a 1 GiB limit, where GiB with one decimal would read ``0.2 GiB of 1.0 GiB``.
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any, TypeGuard
 
 NA = "n/a"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 PAIR_UNIT_MIN = 4  # a pair is shown in the largest unit of which its total holds this many
 MAX_DURATION_S = 30 * 86400  # what a duration given as text may be at most: 30 days
+
+
+def finite_number(value: Any) -> TypeGuard[int | float]:
+    """Whether ``value`` is an int or float (not a bool) that is neither NaN nor infinite:
+    a metric that can rank epochs and checkpoints."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def counted(number: int, noun: str, plural: str | None = None) -> str:

@@ -185,7 +185,7 @@ def read_catalog(directory: Path) -> tuple[list[CheckpointInfo], list[str]]:
 
 def write_manifest(info: CheckpointInfo) -> None:
     """Commit a checkpoint: its manifest appears atomically, after its data."""
-    text = json.dumps(info.to_manifest(), indent=2, sort_keys=True)
+    text = json.dumps(info.to_manifest(), indent=2, sort_keys=True, allow_nan=False)
     write_bytes_atomically(info.manifest_path, text.encode())
 
 

@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import math
 import os
 import pickle
 import re
@@ -54,6 +53,7 @@ from ipycloud.runtime.durable import (
     write_temporary,
 )
 from ipycloud.runtime.messages import worded
+from ipycloud.runtime.units import finite_number
 
 Which = str | int
 Blocking = bool | Literal["auto"]
@@ -154,7 +154,8 @@ class CheckpointManager:
              rng_states: Mapping[str, Any] | None = None) -> CheckpointInfo | None:
         """Save ``state`` (names -> live objects) as the checkpoint of ``step``.
 
-        The random generators' states are recorded as they are now, or as
+        ``metrics`` that are NaN or infinite are left out of the manifest: they rank
+        nothing. The random generators' states are recorded as they are now, or as
         ``rng_states`` gives them (``rng.capture_rng_states()`` taken earlier, for a state
         that stood still since).
 
@@ -318,6 +319,7 @@ class CheckpointManager:
             run = self._claim_run()
         details = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)
                    if field.name not in ("name", "directory", "sequence", "files", "status")}
+        details["metrics"] = _metrics(info.metrics)  # a manifest from elsewhere may hold NaN
         def superseded(infos: list[CheckpointInfo]) -> bool:
             return any(other.run == run and other.time > info.time for other in infos)
 
@@ -674,9 +676,10 @@ def _candidates(infos: Sequence[CheckpointInfo], which: Which) -> list[Checkpoin
 
 
 def _ranked(infos: Sequence[CheckpointInfo], metric: str, mode: str) -> list[CheckpointInfo]:
-    """The checkpoints that recorded ``metric``, best first; of equals, the first to reach
-    the value (as early stopping counts: only a strict improvement is one)."""
-    scored = [info for info in infos if metric in info.metrics]
+    """The checkpoints that recorded ``metric`` as a finite number, best first; of equals,
+    the first to reach the value (as early stopping counts: only a strict improvement is
+    one)."""
+    scored = [info for info in infos if finite_number(info.metrics.get(metric))]
     return sorted(scored, key=lambda info: (info.metrics[metric] * (1 if mode == "min" else -1),
                                             info.sequence))
 
@@ -748,24 +751,24 @@ def _keep_best_rule(keep_best: tuple[Any, ...]) -> tuple[str, str, int]:
 
 
 def _metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
-    """Metrics as plain floats (tensors and NumPy scalars included); NaN is refused."""
+    """Metrics as plain floats (tensors and NumPy scalars included), less those that are
+    NaN or infinite: they rank nothing, and a manifest is strict JSON."""
     values = {}
     for key, value in (metrics or {}).items():
         try:
             number = float(value)
         except (TypeError, ValueError):
             raise ValueError(f"metric {key!r} must be a number, not {value!r}") from None
-        if math.isnan(number):
-            raise ValueError(f"metric {key!r} is NaN")
-        values[str(key)] = number
+        if finite_number(number):
+            values[str(key)] = number
     return values
 
 
 def _json_ready(value: Any, name: str) -> Any:
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be JSON data (numbers, strings, lists, dicts), "
+        raise ValueError(f"{name} must be JSON data (finite numbers, strings, lists, dicts), "
                          f"not {value!r}") from None
     return value
 

@@ -39,6 +39,9 @@ class MigDevice:
     memory_total: int | None  # bytes
 
 
+NATIVE_BF16_MAJOR = 8  # compute capability 8.0 (Ampere) and newer; older GPUs emulate it
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """One NVIDIA GPU as NVML sees it at the moment of the query."""
@@ -70,7 +73,7 @@ class GpuInfo:
         """Native bfloat16 needs compute capability 8.0 (Ampere) or newer."""
         if self.compute_capability is None:
             return None
-        return int(self.compute_capability.split(".")[0]) >= 8
+        return int(self.compute_capability.split(".")[0]) >= NATIVE_BF16_MAJOR
 
 
 @dataclass(frozen=True)

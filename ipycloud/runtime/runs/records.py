@@ -217,14 +217,16 @@ def encode(record: dict[str, Any]) -> bytes:
     try:
         text = json.dumps(record, separators=(",", ":"), allow_nan=False, default=_plain)
     except ValueError:  # an infinite or NaN metric
-        text = json.dumps(_finite(record), separators=(",", ":"), default=_plain)
+        text = json.dumps(_finite(record), separators=(",", ":"), allow_nan=False,
+                          default=_plain)
     return text.encode() + b"\n"
 
 
 def _plain(value: Any) -> Any:
-    """A value JSON does not know as a float (a NumPy scalar, a 0-d tensor) or text."""
+    """A value JSON does not know as a float (a NumPy scalar, a 0-d tensor: None where it
+    is NaN or infinite) or text."""
     try:
-        return float(value)
+        return _finite(float(value))
     except (TypeError, ValueError):
         return str(value)
 

@@ -21,6 +21,9 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 # Local file systems whose syncfs writes every dirty page and inode of the file system.
 FLUSHED_WHOLE = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "jfs", "nilfs2",
                            "bcachefs", "zfs", "reiserfs", "overlay", "tmpfs"})
+# File systems of the machine's own disks and memory: what they hold goes with the machine.
+MACHINE_LOCAL = FLUSHED_WHOLE | {"ramfs", "vfat", "exfat", "ntfs3", "fuseblk"}
+DRIVE = "fuse.drive"  # Google Drive's mount on Colab
 _COPY_CHUNK = 8 * 1024 * 1024
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF,
                    errno.EPERM, errno.ENOTSOCK}
@@ -64,6 +67,13 @@ def filesystem_type(path: str | os.PathLike[str], mountinfo: str | None = None) 
         if inside and len(point) >= best:  # later mounts over the same point win
             best, kind = len(point), fstype
     return kind
+
+
+def on_machine_disk(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` lies on a file system of this machine's own (a local disk, tmpfs,
+    overlay), or where that cannot be told: not on storage that outlives the machine."""
+    kind = filesystem_type(path)
+    return kind is None or kind in MACHINE_LOCAL
 
 
 @cache

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ipycloud.runtime.units import counted
+from ipycloud.runtime.units import counted, finite_number
 
 MODES = ("min", "max")
 
 
 class EarlyStopping:
-    """Stop when ``metric`` has not improved for ``patience`` epochs in a row."""
+    """Stop when ``metric`` has not improved for ``patience`` epochs in a row; an epoch
+    whose value is NaN or infinite is never an improvement."""
 
     def __init__(self, metric: str, patience: int, mode: str) -> None:
         self.metric, self.patience, self.mode = metric, patience, mode
@@ -33,15 +34,18 @@ class EarlyStopping:
                               if isinstance(item, float)) or "none"
             raise ValueError(f"early_stop watches {self.metric!r}, which the epoch's metrics "
                              f"do not have (they have: {names})")
-        if self.best is None or (value < self.best if self.mode == "min" else value > self.best):
+        if finite_number(value) and (self.best is None or (
+                value < self.best if self.mode == "min" else value > self.best)):
             self.best, self.best_epoch, self.waited = float(value), epoch, 0
             return False
         self.waited += 1
         if self.waited < self.patience:
             return False
-        self.reason = (f"early stop: {self.metric} has not improved for "
-                       f"{counted(self.waited, 'epoch')} since epoch {self.best_epoch} "
-                       f"({self.best:.4g})")
+        epochs = counted(self.waited, "epoch")
+        self.reason = (f"early stop: {self.metric} has not been a finite number for {epochs}"
+                       if self.best is None else
+                       f"early stop: {self.metric} has not improved for {epochs} since epoch "
+                       f"{self.best_epoch} ({self.best:.4g})")
         return True
 
     def replay(self, epochs: Iterable[dict[str, Any]]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -71,7 +72,7 @@ from ipycloud.runtime.train.release import keep_machine, release_when_safe
 from ipycloud.runtime.train.stop_vote import StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.xla import OnCpu
-from ipycloud.runtime.units import counted
+from ipycloud.runtime.units import counted, finite_number
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 MAX_SKIPPED_FP16_STEPS = 25
@@ -121,7 +122,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       scalar, or ``outputs.loss``) uses that, and logits with integer class labels use
       cross-entropy (labels of -100 skipped). Anything else needs ``loss_fn``.
     - ``val_data`` is evaluated after every epoch: ``val_loss``, ``val_accuracy`` for
-      classifiers, and ``val_<name>`` for each of ``metrics={name: fn(predictions, labels)}``.
+      classifiers, and ``val_<name>`` for each of ``metrics={name: fn(predictions, labels)}``;
+      a value that is NaN or infinite is never the best or an improvement.
     - ``device="auto"`` picks CUDA, then XLA, then MPS, then CPU; ``precision="auto"``
       picks bf16 where the accelerator runs it natively, fp16 with a GradScaler on older
       GPUs, fp32 on CPUs.
@@ -151,8 +153,9 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
     - ``release=True`` (with ``checkpoint=``) gives the machine back once the run has
       finished or stopped early, its final checkpoint read back and verified and every
       background sync of its folder through a final pass: on Colab the runtime is
-      unassigned, elsewhere the kernel ends after this cell (a script ends). A run that
-      fails or pauses, or a save or sync that fails, keeps the machine and says why.
+      unassigned (only with the run on Drive, or synced there, and Drive flushed),
+      elsewhere the kernel ends after this cell (a script ends). A run that fails or
+      pauses, or a save, sync or flush that fails, keeps the machine and says why.
     Inside ``ipycloud.launch`` the model is wrapped in DDP, each rank reads its share of
     the data, and only rank 0 writes checkpoints and shows progress.
     """
@@ -244,6 +247,7 @@ class _Trainer:
         self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
         self._vote: StopVote | None = None  # the ranks' agreement on when to stop
         self._settling = False  # whether DDP's buckets are settled before the first step
+        self._told_unranked: set[str] = set()  # metrics told of being NaN or infinite
 
     # -- the run --------------------------------------------------------------------------
 
@@ -331,7 +335,7 @@ class _Trainer:
             if self.main:
                 keep_machine("it does not apply inside launch, whose ranks share the machine")
         elif self.saver is not None:
-            release_when_safe(self.saver)
+            release_when_safe(self.saver, self.step)
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
         # A stop is noted before the step's or the epoch's save, which then holds it: a
@@ -585,11 +589,33 @@ class _Trainer:
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
         self.followers.tell("epoch_ended", dict(logs))
+        self._tell_unranked(logs)
         bar.say(f"epoch {epoch}: " + ", ".join(
             f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
             for key, value in logs.items() if key != "epoch"))
         self.callbacks.call("on_epoch_end", epoch, dict(logs))
         self.data.next_epoch()
+
+    def _tell_unranked(self, logs: dict[str, Any]) -> None:
+        """Warn, once a run for each, of a metric that keep_best or early_stop watches
+        being NaN or infinite: it counts neither as the best nor as an improvement."""
+        for metric in self._ranking_metrics() - self._told_unranked:
+            value = logs.get(metric)
+            if isinstance(value, float) and not finite_number(value):
+                self._told_unranked.add(metric)
+                line = (f"ipycloud.fit: {metric} is {'NaN' if value != value else value} at "
+                        f"epoch {logs['epoch']}: a value that is not a finite number counts "
+                        "neither as the best (keep_best) nor as an improvement (early_stop)")
+                warnings.warn(line, RuntimeWarning, stacklevel=2)
+                self.followers.tell("happened", "metric_not_finite", line)
+
+    def _ranking_metrics(self) -> set[str]:
+        """The metrics that keep_best and early_stop rank epochs by."""
+        metrics = {callback.metric for callback in self.callbacks.callbacks
+                   if isinstance(callback, EarlyStopping)}
+        if self.manager is not None and self.manager.keep_best is not None:
+            metrics.add(self.manager.keep_best[0])
+        return metrics
 
     # -- bounds, stops and checkpoints ----------------------------------------------------
 

@@ -6,6 +6,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
+from ipycloud.runtime.machine import nvml
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _NO_AUTOCAST = contextlib.nullcontext()  # reusable: it holds no state
 
@@ -54,14 +56,34 @@ def resolve_precision(precision: str, device: Any, device_kind: str) -> Precisio
     if precision != "auto":
         return Precision(precision, "as requested")
     if device_kind == "cuda":
-        import torch
-
-        if torch.cuda.is_bf16_supported():
-            return Precision("bf16", "the GPU runs bfloat16 natively")
-        return Precision("fp16", "the GPU has no native bfloat16: fp16 with loss scaling")
+        name, (major, minor) = cuda_capability(device)
+        gpu = f"{name} is compute capability {major}.{minor}"
+        if major >= nvml.NATIVE_BF16_MAJOR:
+            return Precision("bf16", f"{gpu}: it runs bfloat16 natively")
+        return Precision("fp16", f"{gpu}: no native bfloat16 (torch would emulate it, "
+                                 "slowly), so fp16 with loss scaling")
     if device_kind == "xla":
         return Precision("bf16", "XLA devices run bfloat16 natively")
     if device_kind == "cpu":
         return Precision("fp32", "on CPUs bf16 autocast is mostly slower than fp32; "
                                  "precision='bf16' to try it")
     return Precision("fp32", f"this {device_kind} has no fast bfloat16 or float16 path")
+
+
+def cuda_capability(device: Any) -> tuple[str, tuple[int, int]]:
+    """The name and compute capability of the CUDA ``device``: from NVML, which answers
+    without initialising CUDA, else from torch.
+
+    Not ``torch.cuda.is_bf16_supported()``: by default it counts emulation (True on a T4),
+    and it asks about the current device, not ``device``.
+    """
+    index = device.index or 0
+    gpu = next((gpu for gpu in nvml.snapshot(with_processes=False).devices
+                if gpu.index == index), None)
+    if gpu is not None and gpu.compute_capability is not None:
+        major, minor = gpu.compute_capability.split(".")
+        return gpu.name or f"GPU {index}", (int(major), int(minor))
+    import torch
+
+    major_minor = torch.cuda.get_device_capability(index)
+    return torch.cuda.get_device_name(index), (int(major_minor[0]), int(major_minor[1]))
