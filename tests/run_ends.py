@@ -57,7 +57,7 @@ DATA = ("list of batches", "DataLoader, no workers", "2 workers", "persistent wo
         "ipycloud.loader", "pin_memory", "spawn context")
 
 END_LIMIT_S = 10.0  # a run's processes end within this of fit's end (or of the signal)
-HANG_LIMITS = 3  # one that has not ended after this many limits is taken for a hang
+HANG_AFTER_S = 20.0  # one that has not ended this long past its limit is taken for a hang
 RUN_TIMEOUT_S = 240.0  # a run that has not ended by then hangs
 SECOND_INTERRUPT_AFTER_S = 0.05
 TRAINING = Path(__file__).with_name("run_ends_training.py")
@@ -112,8 +112,9 @@ class RunResult:
 @dataclass
 class CellResult:
     cell: str
-    ended_by_itself: bool = False
+    ended_by_itself: bool = False  # each run of the cell, within the limit
     seconds_to_end: list[float] = field(default_factory=list)
+    hangs: int = 0  # runs that had not ended HANG_AFTER_S past the limit
     processes_left: int = 0
     workers_after_fit: int = 0
     descriptors_left_open: int = 0
@@ -189,12 +190,7 @@ class ScriptRun(Run):
         self.process = psutil.Process(self.pid)
 
     def deliver(self, end: str, reached_pid: int) -> None:
-        if end == "SIGTERM":
-            os.kill(self.pid, signal.SIGTERM)
-        elif end == "SIGKILL":
-            os.kill(self.pid, signal.SIGKILL)
-        else:
-            _interrupt(lambda: os.killpg(self.pid, signal.SIGINT), end)
+        _bring(end, self.pid, lambda: os.killpg(self.pid, signal.SIGINT))
 
     def running(self) -> bool:
         running = not ended(self.process)
@@ -265,12 +261,7 @@ class KernelRun(Run):
         return self.client.execute(self.CODE.format(tests=str(TESTS), spec=str(spec)))
 
     def deliver(self, end: str, reached_pid: int) -> None:
-        if end == "SIGTERM":
-            os.kill(self.pid, signal.SIGTERM)
-        elif end == "SIGKILL":
-            os.kill(self.pid, signal.SIGKILL)
-        else:
-            _interrupt(self.manager.interrupt_kernel, end)
+        _bring(end, self.pid, self.manager.interrupt_kernel)
 
     def running(self) -> bool:
         """Whether the cell still runs (its kernel alive and not idle after it)."""
@@ -335,6 +326,14 @@ FRONT_RUNS: dict[str, type[Run]] = {"script": ScriptRun, "kernel": KernelRun,
                                     "two torchrun agents": TorchrunRun}
 
 
+def _bring(end: str, pid: int, interrupt: Callable[[], object]) -> None:
+    """SIGTERM or SIGKILL to ``pid``; an interrupt (or two) through ``interrupt``."""
+    if end in ("SIGTERM", "SIGKILL"):
+        os.kill(pid, signal.Signals[end])
+    else:
+        _interrupt(interrupt, end)
+
+
 def _interrupt(send: Callable[[], object], end: str) -> None:
     send()
     if end == "two interrupts":
@@ -359,7 +358,7 @@ def _shared_memory() -> set[str]:
 def _held_by_nobody(names: set[str]) -> list[str]:
     """Those of ``names`` (in /dev/shm) that no live process has open or mapped: left
     behind (those another process holds are its own, not the run's)."""
-    held = set()
+    held: set[str] = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError):
             held.update(line.rsplit("/dev/shm/", 1)[-1].split(" ")[0] for line in
@@ -433,7 +432,7 @@ def _ended_by_itself(run: Run, began: float, signals: Path, limit_s: float
                      ) -> tuple[bool, float | None]:
     """Whether every process of the run ended within ``limit_s`` of ``began`` (a kernel's
     shutdown, a signal) or of fit's end; the seconds it took (None: more than
-    HANG_LIMITS times ``limit_s``)."""
+    HANG_AFTER_S past ``limit_s``)."""
     fit_ends = [note["t"] for note in _notes(signals)]
     start = max([began, *fit_ends]) if began or fit_ends else time.time()
     while True:
@@ -441,7 +440,7 @@ def _ended_by_itself(run: Run, began: float, signals: Path, limit_s: float
         seconds = time.time() - start
         if not alive:
             return seconds <= limit_s, round(max(0.0, seconds), 2)
-        if seconds > HANG_LIMITS * limit_s:
+        if seconds > limit_s + HANG_AFTER_S:
             return False, None
         time.sleep(0.02)
 
@@ -530,6 +529,8 @@ def _gather(result: CellResult, runs_of_the_cell: list[RunResult], limit_s: floa
     for name, run in zip(("the run", "the rerun"), runs_of_the_cell, strict=False):
         if run.seconds_to_end is not None:
             result.seconds_to_end.append(run.seconds_to_end)
+        else:
+            result.hangs += 1
         if not run.ended_by_itself:
             result.failures.append(f"{name} did not end by itself within {limit_s:.0f} s"
                                    f" of fit's end:\n{run.output[-1500:]}")

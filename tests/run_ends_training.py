@@ -17,6 +17,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import ipycloud
 SAMPLES, FEATURES, BATCH, EPOCHS = 32, 6, 8, 3  # 12 steps; 6 under launch and torchrun
 END_AT = 3  # the step at which the run is made to end
 CHECKPOINT_EVERY = 2
-GO_WAIT_S = 120.0  # how long a run waits at END_AT for the driver's signal
+WAIT_S = 120.0  # how long a run waits at END_AT for a checkpoint, for the driver's signal
 SIGNALLED = ("one interrupt", "two interrupts", "SIGTERM", "SIGKILL")
 
 
@@ -77,21 +78,25 @@ def train_data(kind: str) -> Any:
         "2 workers": {"num_workers": 2},
         "persistent workers": {"num_workers": 2, "persistent_workers": True},
         "pin_memory": {"num_workers": 2, "pin_memory": True},
-        "spawn context": {"num_workers": 2, "multiprocessing_context": "spawn"},
+        # One worker, kept: each spawned worker imports torch afresh, which takes seconds.
+        "spawn context": {"num_workers": 1, "persistent_workers": True,
+                          "multiprocessing_context": "spawn"},
     }
     return DataLoader(data, batch_size=BATCH, shuffle=True, **options[kind])
 
 
 class EndAt:
-    """At step END_AT of a run whose end is armed: end it as ``end`` says, or, for an end
-    the driver brings (a signal), say so and wait for the driver's ``go``."""
+    """At step END_AT of a run whose end is armed, once a checkpoint of the run is
+    committed (a background save may take a while): end it as ``end`` says, or, for an
+    end the driver brings (a signal), say so and wait for the driver's ``go``."""
 
-    def __init__(self, end: str, model: Model, signals: Path) -> None:
-        self.end, self.model, self.signals = end, model, signals
+    def __init__(self, end: str, model: Model, signals: Path, checkpoint: Path) -> None:
+        self.end, self.model, self.signals, self.checkpoint = end, model, signals, checkpoint
 
     def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step != END_AT:
+        if step != END_AT or self.end == "finishes":
             return
+        _wait_for(lambda: any(self.checkpoint.glob("step-*.json")))
         if self.end == "the model raises":
             self.model.failure = "raise"
         elif self.end == "NaN loss":
@@ -101,9 +106,13 @@ class EndAt:
         elif self.end in SIGNALLED:
             if _rank() == 0:
                 (self.signals / "reached").write_text(str(os.getpid()))
-            deadline = time.monotonic() + GO_WAIT_S
-            while not (self.signals / "go").exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            _wait_for((self.signals / "go").exists)
+
+
+def _wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _rank() -> int:
@@ -169,7 +178,8 @@ def train(spec: dict[str, Any]) -> None:
                      checkpoint=spec["checkpoint"], checkpoint_every=CHECKPOINT_EVERY,
                      log_every=2, progress=False, seed=1,
                      release=spec["end"] == "release=True",
-                     callbacks=[EndAt(end, model, signals)], **validation)
+                     callbacks=[EndAt(end, model, signals, Path(spec["checkpoint"]))],
+                     **validation)
     finally:
         _note_after_fit(signals, before)
 

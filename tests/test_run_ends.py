@@ -41,6 +41,7 @@ def harness() -> Iterator[Harness]:
         yield running
 
 
+@pytest.mark.timeout(900)  # a cell starts kernels, torchrun agents: minutes on a busy machine
 @pytest.mark.parametrize("cell", SHORT, ids=Cell.describe)
 def test_the_run_ends_by_itself_leaves_nothing_and_reruns_as_readme_says(
         cell: Cell, harness: Harness, tmp_path: Path) -> None:
