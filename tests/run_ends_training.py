@@ -31,6 +31,7 @@ import ipycloud
 SAMPLES, FEATURES, BATCH, EPOCHS = 32, 6, 8, 3  # 12 steps; 6 under launch and torchrun
 END_AT = 3  # the step at which the run is made to end
 CHECKPOINT_EVERY = 2
+SETTLE_S = 5.0
 WAIT_S = 120.0  # how long a run waits at END_AT for a checkpoint, for the driver's signal
 SIGNALLED = ("one interrupt", "two interrupts", "SIGTERM", "SIGKILL")
 
@@ -142,14 +143,18 @@ def _workers() -> list[psutil.Process]:
 
 def _note_after_fit(signals: Path, before: dict[str, str]) -> None:
     """What this process holds as ``fit`` has returned or raised: its live children (the
-    loaders' workers must be gone: waited for a little, as they are reaped) and, in a
-    process alone (a rank's are the group's), the descriptors ``fit`` left open."""
+    loaders' workers must be gone) and, in a process alone (a rank's are the group's),
+    the descriptors ``fit`` left open: after SETTLE_S for what ends a moment later (a
+    worker being reaped, the record's file closed by its writer thread)."""
     ended_at = time.time()
-    deadline = time.monotonic() + 5.0
-    while (children := _workers()) and time.monotonic() < deadline:
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        children = _workers()
+        after = {} if torch.distributed.is_initialized() else _descriptors()
+        opened = sorted(target for fd, target in after.items() if before.get(fd) != target)
+        if not (children or opened) or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
-    after = {} if torch.distributed.is_initialized() else _descriptors()
-    opened = sorted(target for fd, target in after.items() if before.get(fd) != target)
     note = {"t": ended_at, "pid": os.getpid(), "rank": _rank(),
             "children": [" ".join(child.cmdline())[:200] for child in children],
             "descriptors_opened": opened}
