@@ -106,8 +106,15 @@ class EndAt:
             sys.exit(3)
         elif self.end in SIGNALLED:
             if _rank() == 0:
-                (self.signals / "reached").write_text(str(os.getpid()))
+                _write(self.signals / "reached", str(os.getpid()))
             _wait_for((self.signals / "go").exists)
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``path`` whole at once (the driver reads it as soon as it is there)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def _wait_for(condition: Callable[[], bool]) -> None:
@@ -158,7 +165,7 @@ def _note_after_fit(signals: Path, before: dict[str, str]) -> None:
     note = {"t": ended_at, "pid": os.getpid(), "rank": _rank(),
             "children": [" ".join(child.cmdline())[:200] for child in children],
             "descriptors_opened": opened}
-    (signals / f"after-fit-{os.getpid()}.json").write_text(json.dumps(note))
+    _write(signals / f"after-fit-{os.getpid()}.json", json.dumps(note))
 
 
 def train(spec: dict[str, Any]) -> None:
