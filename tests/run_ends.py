@@ -249,7 +249,10 @@ class KernelRun(Run):
 
     def start(self) -> None:
         self.manager = KernelManager(kernel_name="python3")
-        self.manager.start_kernel(cwd=str(self.folder), env=self.environment)
+        log = self.folder / f"kernel-{'first' if self.armed else 'rerun'}.log"
+        with open(log, "ab") as stderr:  # what a Jupyter server would log of it
+            self.manager.start_kernel(cwd=str(self.folder), env=self.environment,
+                                      stderr=stderr)
         self.pid = self.manager.provisioner.pid  # type: ignore[union-attr]
         self.client_context = ready(self.manager.client())
         self.client = self.client_context.__enter__()
