@@ -27,6 +27,15 @@ warms allocators and kernels first. Steps/s are of wall-clock time; the same rat
 this process's CPU time is given beside it (all loops run in the one thread), as it
 counts no time spent waiting for a core that another process holds.
 
+The price of fit's own work per step (its loop, run record, preemption and interrupt
+checks, progress and checkpoint scheduling: everything outside the user's model, loss and
+optimizer), in microseconds: on each model, each round's fit step time less the
+hand-written loop's (``fit_own_us_per_step``, median of the rounds, of wall-clock and CPU
+time); and measured directly on a null workload (``fit_own_work_null_model``: a 4-to-2
+linear layer with SGD on a list of tiny batches, where the user's work is small and the
+difference is fit's own), fit's call (setup and end) apart from its steps. A change to
+the step path shows its price there.
+
 Resume: after a restart, a mid-epoch resume at batch 50,000 of a map-style dataset reaches
 its first new step in under one second plus the checkpoint load.
 
@@ -41,6 +50,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import os
 import statistics
 import tempfile
 import time
@@ -64,6 +74,7 @@ LOG_EVERY = 10  # steps between reads of the loss, in every loop (fit's default)
 GOAL_FIT_VS_HAND_WRITTEN = 0.97
 RESUME_AT_BATCH = 50_000
 LOOPS = ("hand_written", "fit", "accelerate")
+OWN_WORK_STEPS, OWN_WORK_ROUNDS = 2000, 11  # the null workload: steps per run, rounds
 
 
 @dataclass(frozen=True)
@@ -244,6 +255,9 @@ def measure(case: Case, loops: list[str], rounds: int, steps: int) -> dict[str, 
         "fit_vs_hand_written": medians["fit"] / medians["hand_written"],
         "fit_vs_hand_written_paired": statistics.median(paired),
         "fit_vs_hand_written_paired_spread": [min(paired), max(paired)],
+        "fit_own_us_per_step": {
+            "wall": own_us_per_step(rates["fit"], rates["hand_written"]),
+            "cpu": own_us_per_step(cpu_rates["fit"], cpu_rates["hand_written"])},
         "cpu_steps_per_s": cpu_medians,
         "fit_vs_hand_written_cpu": cpu_medians["fit"] / cpu_medians["hand_written"],
     }
@@ -252,6 +266,68 @@ def measure(case: Case, loops: list[str], rounds: int, steps: int) -> dict[str, 
         figures["fit_vs_accelerate"] = medians["fit"] / medians["accelerate"]
     figures["samples"] = rates
     figures["cpu_samples"] = cpu_rates
+    return figures
+
+
+def own_us_per_step(fit_rates: list[float], hand_rates: list[float]) -> float:
+    """Microseconds a fit step takes beyond a hand-written one: the median, over paired
+    rounds, of the difference of their step times (steps/s of the same round)."""
+    return statistics.median(1e6 / fit - 1e6 / hand
+                             for fit, hand in zip(fit_rates, hand_rates, strict=True))
+
+
+def _null_parts() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _null_hand_written(batches: list[Any]) -> Rates:
+    model, optimizer = _null_parts()
+
+    def train() -> None:
+        for step, (inputs, labels) in enumerate(batches):
+            loss = nn.functional.cross_entropy(model(inputs), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if step % LOG_EVERY == 0:
+                loss.item()
+
+    return _rates(len(batches), train)
+
+
+def _null_fit(batches: list[Any]) -> Rates:
+    model, optimizer = _null_parts()
+    return _rates(len(batches), lambda: fit(model, optimizer, batches, epochs=1,
+                                            precision="fp32", device="cpu", progress=False))
+
+
+def own_work(steps: int, rounds: int) -> dict[str, Any]:
+    """fit's own work on the null workload: per step (runs of ``steps`` steps less the
+    call's cost), and per call (runs of one step), of wall-clock and CPU time; paired,
+    interleaved rounds, the order alternated."""
+    torch.manual_seed(1)
+    batches = [(torch.randn(2, 4), torch.randint(0, 2, (2,))) for _ in range(steps)]
+    loops = {"hand_written": _null_hand_written, "fit": _null_fit}
+    for run in loops.values():  # warm up
+        run(batches)
+    long: dict[str, list[Rates]] = {name: [] for name in loops}
+    short: dict[str, list[Rates]] = {name: [] for name in loops}
+    for round_ in range(rounds):
+        for name in (list(loops) if round_ % 2 == 0 else list(reversed(loops))):
+            long[name].append(loops[name](batches))
+            short[name].append(loops[name](batches[:1]))
+    figures: dict[str, Any] = {"steps_per_run": steps, "rounds": rounds}
+    for index, clock in enumerate(("wall", "cpu")):
+        call_us = own_us_per_step([rates[index] for rates in short["fit"]],
+                                  [rates[index] for rates in short["hand_written"]])
+        run_us = own_us_per_step([rates[index] for rates in long["fit"]],
+                                 [rates[index] for rates in long["hand_written"]])
+        figures[clock] = {"us_per_step": run_us - call_us / steps, "call_ms": call_us / 1e3,
+                          "hand_written_us_per_step": statistics.median(
+                              1e6 / rates[index] for rates in long["hand_written"])}
+    figures["samples"] = {"steps": long, "one_step": short}
     return figures
 
 
@@ -335,6 +411,7 @@ def main() -> None:
                         help=f"{QUICK_ROUNDS} rounds of half as many steps")
     args = parser.parse_args()
     rounds = QUICK_ROUNDS if args.quick else ROUNDS
+    load_at_start = os.getloadavg()[0]  # other processes' load: the figures' conditions
     torch.set_num_threads(THREADS)
     loops = ["hand_written", "fit"]
     if _available("accelerate", "accelerate's loop"):
@@ -346,17 +423,28 @@ def main() -> None:
         steps = case.steps // 2 if args.quick else case.steps
         models[case.name] = measure(case, loops, rounds, steps)
         print(f"{case.name}: done", flush=True)
+    own = own_work(OWN_WORK_STEPS // 2 if args.quick else OWN_WORK_STEPS,
+                   QUICK_ROUNDS if args.quick else OWN_WORK_ROUNDS)
     resume = resume_cost()
     results = {
         "machine": {"torch": torch.__version__, "threads": THREADS, "rounds": rounds,
-                    "quick": args.quick, **_versions("accelerate", "transformers")},
+                    "quick": args.quick, **_versions("accelerate", "transformers"),
+                    "cores": os.cpu_count(), "load_average_1min_at_start": round(load_at_start, 2),
+                    "load_average_1min_at_end": round(os.getloadavg()[0], 2)},
         "goal_fit_vs_hand_written": GOAL_FIT_VS_HAND_WRITTEN,
         "models": models,
+        "fit_own_work_null_model": own,
         "resume_at_batch_50000": resume,
         "goal_resume_beyond_load_s": 1.0,
     }
     write_results(RESULTS, results)
     print("\n".join(_table(models, rounds)))
+    print("fit's own work, us per step beyond the hand-written loop (median of paired rounds, "
+          "wall / cpu): " + ", ".join(
+              f"{name} {figures['fit_own_us_per_step']['wall']:.1f} / "
+              f"{figures['fit_own_us_per_step']['cpu']:.1f}" for name, figures in models.items())
+          + f"; null workload {own['wall']['us_per_step']:.1f} / {own['cpu']['us_per_step']:.1f}"
+          f" per step, plus {own['wall']['call_ms']:.2f} / {own['cpu']['call_ms']:.2f} ms a call")
     print(f"resume at batch {RESUME_AT_BATCH}: first new step after "
           f"{resume['to_first_new_step_s']:.3f} s, of which checkpoint load "
           f"{resume['checkpoint_load_s']:.3f} s (goal: under 1 s beyond the load)")

@@ -1,7 +1,7 @@
 """Benchmark: what following a run costs the notebook that follows it (``ipycloud.follow``).
 
 Goal: following takes at most 1% of a core, however long the record: each look reads
-only what was appended (``records.read_records`` keeps what it read), sums the run up
+only what was appended (``log_reader.LogReader`` keeps its place), sums the run up
 again and, in a notebook, redraws the curves; ``follow`` spaces the looks so that they
 take at most ``BUSY_SHARE`` of a core (one a second while a look costs 10 ms or less).
 

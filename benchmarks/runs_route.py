@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +122,13 @@ class PollingClient(threading.Thread):
     """One lab page: every 0.95-1.05 s asks ``runs``, the live run since its last record,
     and ``api/status``, on one kept connection, until ``until`` (a monotonic time)."""
 
+    decode = staticmethod(json.loads)  # an answer's body; ValueError: it failed
+
     def __init__(self, server: JupyterProcess, until: float, seed: int) -> None:
         super().__init__(name="runs-client", daemon=True)
         self.server, self.until = server, until
         self.random = random.Random(seed)
-        self.latencies_ms: dict[str, list[float]] = {route: [] for route in ROUTES}
+        self.latencies_ms: dict[str, list[float]] = defaultdict(list)
         self.failures: Counter[str] = Counter()
         self.since = 0.0
         self._connection: http.client.HTTPConnection | None = None
@@ -154,7 +156,7 @@ class PollingClient(threading.Thread):
             self._connection.request("GET", f"/{path}", headers={
                 "Authorization": f"token {self.server.token}"})
             response = self._connection.getresponse()
-            answer = json.loads(response.read())
+            answer = self.decode(response.read())
             if response.status != 200:
                 self.failures[f"{route}: status {response.status}"] += 1
                 answer = None
@@ -173,10 +175,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def load_round(server: JupyterProcess, round_s: float) -> dict[str, Any]:
-    """CLIENTS pages polling for ``round_s`` seconds."""
+def load_round(server: JupyterProcess, round_s: float, client: type[PollingClient] = PollingClient,
+               routes: tuple[str, ...] = ROUTES) -> dict[str, Any]:
+    """CLIENTS pages (``client``, asking ``routes``) polling for ``round_s`` seconds."""
     until = time.monotonic() + round_s
-    clients = [PollingClient(server, until, seed) for seed in range(CLIENTS)]
+    clients = [client(server, until, seed) for seed in range(CLIENTS)]
     cpu_before, began = cpu_seconds(server.process.pid), time.monotonic()
     for client in clients:
         client.start()
@@ -186,7 +189,7 @@ def load_round(server: JupyterProcess, round_s: float) -> dict[str, Any]:
     server_cpu = cpu_seconds(server.process.pid) - cpu_before
     failures = sum((client.failures for client in clients), Counter())
     latencies = {route: [value for client in clients for value in client.latencies_ms[route]]
-                 for route in ROUTES}
+                 for route in routes}
     return {
         "failed": sum(failures.values()),
         "failures": dict(failures),

@@ -12,6 +12,6 @@ venv="${IPYCLOUD_CLUSTER_VENV:-$HOME/.cache/ipycloud/cluster-venv-0.14.1}"
 . scripts/lane_venv.sh
 lane_venv "$venv" sky "skypilot 0.14.1 + torch 2.13.0"
 # One resolve with the test tools (tests/conftest.py loads their fixtures) and the pins.
-"$venv/bin/python" -m pip install --quiet 'torch==2.13.0' -e '.[test,cluster]'
+"$venv/bin/python" -m pip install --quiet --no-cache-dir 'torch==2.13.0' -e '.[test,cluster]'
 "$venv/bin/python" -m pip check
 exec "$venv/bin/python" -m pytest -m skypilot tests/test_cluster_export.py -q "$@"

@@ -11,7 +11,7 @@ venv="${IPYCLOUD_XLA_VENV:-$HOME/.cache/ipycloud/xla-venv-2.9.0}"
 lane_venv "$venv" torch_xla "torch 2.9.0 + torch_xla 2.9.0, about 7 GB"
 # One resolve with both pins, so ipycloud's own dependencies (from pyproject.toml) can never
 # move torch; torch_xla 2.9.0 needs exactly torch 2.9.0.
-"$venv/bin/python" -m pip install --quiet 'torch==2.9.0' 'torch_xla==2.9.0' -e '.[xla]' \
+"$venv/bin/python" -m pip install --quiet --no-cache-dir 'torch==2.9.0' 'torch_xla==2.9.0' -e '.[xla]' \
     numpy pytest pytest-timeout
 # Naming tests_xla overrides pyproject's testpaths (tests/); pyproject's other settings apply.
 PJRT_DEVICE=CPU exec "$venv/bin/python" -m pytest --rootdir "$PWD" tests_xla -q "$@"

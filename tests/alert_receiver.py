@@ -2,7 +2,8 @@
 
 Use the ``alert_receiver`` fixture (``pytest_plugins`` in conftest.py names this module). A
 path under ``/hang`` holds each request unanswered until ``release()``; every other path
-answers 200. ``messages`` are the JSON bodies received, ``held`` the requests held now.
+answers 200, or after ``refuse(...)`` an error status with an error document as an ntfy
+server writes it. ``messages`` are the JSON bodies received, ``held`` the requests held now.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.changed:
                 self.server.held -= 1
                 self.server.changed.notify_all()
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
+        status, answer = self.server.answer
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
+        self.wfile.write(answer)
 
 
 class _Server(ThreadingHTTPServer):
@@ -48,6 +52,7 @@ class _Server(ThreadingHTTPServer):
         self.held = 0
         self.changed = threading.Condition()
         self.released = threading.Event()
+        self.answer = (200, b"")
 
 
 class AlertReceiver:
@@ -78,6 +83,12 @@ class AlertReceiver:
         with self._httpd.changed:
             if not self._httpd.changed.wait_for(lambda: condition(self), timeout):
                 raise AssertionError(f"the receiver got {self._httpd.messages}")
+
+    def refuse(self, status: int, error: str) -> None:
+        """Answer every later request with ``status`` and ``{"code": ..., "error": error}``
+        (an ntfy server's error document)."""
+        self._httpd.answer = (status, json.dumps({"code": status * 100 + 1,
+                                                  "error": error}).encode())
 
     def release(self) -> None:
         """Answer the held requests, and every later one at once."""

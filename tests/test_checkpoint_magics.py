@@ -229,7 +229,7 @@ def test_auto_uses_the_variable_bound_at_save_time(notebook, tmp_path: Path) -> 
                                          "hold nine digits), not 1000000000"),
         ("save model --tag 9lives", "invalid tag '9lives'"),
         ("save model --tag latest", "invalid tag 'latest'"),
-        ("save model --unknown", "unrecognized arguments: --unknown"),
+        ("save model --unknown", "unknown option --unknown"),
         ("restore model --dir {tmp}/missing", "does not exist; save a checkpoint first"),
         ("restore model --dir {tmp}/empty", "no checkpoint in"),
         ("list --dir {tmp}/empty", "no checkpoint in"),

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shlex
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch import tanh as torch_tanh
 
 from ipycloud.runtime.cluster import ClusterWarning, ExportError, checkpoint_dir, export
@@ -351,6 +354,141 @@ def test_a_folder_that_is_a_file_and_a_script_that_is_not_python_are_refused(
     assert not (tmp_path / "task").exists()
 
 
+# -- names and paths at the edges ---------------------------------------------------------
+
+
+def shell_reads(word: str) -> str:
+    """What bash makes of ``word`` (a command line's word as ipycloud writes it)."""
+    result = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True,
+                            timeout=60, check=True)
+    return os.fsdecode(result.stdout)
+
+
+def launch_word(line: str) -> str:
+    """The task file's word in a ``sky jobs launch WORD`` line, as written."""
+    return line[line.index("sky jobs launch ") + len("sky jobs launch "):]
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=12)
+       .filter(lambda name: name not in (".", "..")))
+def test_any_folder_script_and_argument_make_a_task_yaml_reads_or_one_line(
+        name: str, tmp_path: Path) -> None:
+    case = tmp_path / f"{len(list(tmp_path.iterdir()))}"
+    case.mkdir()
+    script = case / f"{name}.py"
+    try:
+        script.write_text("import os\n")
+    except (OSError, UnicodeEncodeError):
+        return  # a name this file system cannot hold
+    folder = case / f"task {name}"
+    try:
+        task = export(script, folder=folder, bucket=BUCKET, args=["--note", name])
+    except ExportError as refused:
+        assert "\n" not in str(refused)
+        assert "is not UTF-8 text" in str(refused)
+        with pytest.raises(UnicodeEncodeError):
+            name.encode()
+        return
+    read = yaml.safe_load((folder / "task.yaml").read_text(encoding="utf-8"))
+    assert read["workdir"] == str(folder)
+    comment = (folder / "task.yaml").read_text(encoding="utf-8").splitlines()[2]
+    assert shell_reads(launch_word(comment)) == str(folder / "task.yaml")
+    assert shell_reads(launch_word(last_line(str(task)))) == str(folder / "task.yaml")
+    run = read["run"].rsplit("\n  ", 1)[1]
+    assert shlex.split(run)[-2:] == ["--note", name]
+
+
+@pytest.mark.parametrize("name", ["bell\x07", "escape\x1b[31m", "new\nline", "tab\there",
+                                  "del\x7f", "nbsp\u00a0", "line\u2028separator"])
+def test_a_folder_with_a_control_character_gives_a_task_yaml_parsers_read(
+        name: str, tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("import os\n")
+    folder = tmp_path / name
+    task = export(tmp_path / "train.py", folder=folder, bucket=BUCKET)
+    text = (folder / "task.yaml").read_text(encoding="utf-8")
+    assert yaml.safe_load(text)["workdir"] == str(folder)
+    assert shell_reads(launch_word(text.splitlines()[2])) == str(folder / "task.yaml")
+    assert shell_reads(launch_word(last_line(str(task)))) == str(folder / "task.yaml")
+
+
+NOT_UTF8 = os.fsdecode(b"run\xff")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"folder": NOT_UTF8}, r"^folder: '.*/run\\udcff' is not UTF-8 text, which a task "
+                           r"file must be: rename it$"),
+    ({"args": ["--note", NOT_UTF8]}, r"^args: 'run\\udcff' is not UTF-8 text"),
+    ({"bucket": f"s3://{NOT_UTF8}"}, r"^bucket: 's3://run\\udcff' is not UTF-8 text"),
+    ({"data": {f"/{NOT_UTF8}": "s3://data"}}, r"^data: '/run\\udcff' is not UTF-8 text"),
+    ({"data": {"/data": NOT_UTF8}}, r"^data: '.*/run\\udcff' is not UTF-8 text"),
+    ({"train": f"{NOT_UTF8}.py"}, r"^train: 'run\\udcff\.py' is not UTF-8 text"),
+])
+def test_a_name_that_is_not_utf8_is_refused_in_one_line(
+        change: dict[str, Any], message: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in (f"{NOT_UTF8}.py", "train.py"):
+        (tmp_path / name).write_text("import os\n")
+    (tmp_path / NOT_UTF8).mkdir()
+    choices: dict[str, Any] = {"train": "train.py", "folder": tmp_path / "task",
+                               "bucket": BUCKET, **change}
+    with pytest.raises(ExportError, match=message):
+        export(choices.pop("train"), **choices)
+    assert not (tmp_path / "task").exists()
+
+
+def test_the_command_refuses_a_folder_name_that_is_not_utf8(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    result = subprocess.run([sys.executable, "-m", "ipycloud", "cluster", "export", "--folder",
+                             b"run\xff", "--bucket", "s3://b", "train.py"], capture_output=True,
+                            timeout=120, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (result.returncode, result.stderr, result.stdout) == (
+        1, b"ipycloud cluster export: --folder: '" + os.fsencode(tmp_path) + b"/run\\udcff' "
+           b"is not UTF-8 text, which a task file must be: rename it\n", b"")
+
+
+@pytest.mark.parametrize("path", ["//ipycloud/checkpoints", "/ipycloud//checkpoints/",
+                                  "/ipycloud/./checkpoints/run", "//ipycloud"])
+def test_a_mount_path_written_another_way_still_overlaps_the_checkpoints(
+        path: str, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match=rf"^data: {re.escape(repr(path))} overlaps the "
+                                          r"checkpoint bucket's mount at /ipycloud/checkpoints$"):
+        export(train_in_the_test, folder=tmp_path / "task", bucket=BUCKET,
+               data={path: "s3://data"})
+    assert not (tmp_path / "task").exists()
+
+
+def test_one_mount_path_written_two_ways_is_refused_and_each_is_written_plainly(
+        tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match=r"^data: '/data/' and '/\./data' are the mount path "
+                                          r"/data given twice: give it once$"):
+        export(train_in_the_test, folder=tmp_path / "task", bucket=BUCKET,
+               data={"/data/": "s3://x", "/./data": "s3://y"})
+    assert not (tmp_path / "task").exists()
+    export(train_in_the_test, folder=tmp_path / "task", bucket=BUCKET, args=([1.0],),
+           data={"//data/": "s3://x", "~/./extra//": "s3://y"})
+    mounts = yaml.safe_load((tmp_path / "task" / "task.yaml").read_text())["file_mounts"]
+    assert sorted(mounts) == ["/data", CHECKPOINT_MOUNT, "~/extra"]
+
+
+def test_a_script_named_like_an_option_is_the_script_torchrun_runs(tmp_path: Path) -> None:
+    from torch.distributed.run import get_args_parser
+
+    for name in ("-m.py", "--help.py", "-"):
+        script = tmp_path / name
+        script.write_text("import os\n")
+        folder = tmp_path / f"task{name}"
+        export(script, folder=folder, bucket=BUCKET, args=["-m", "--lr", "0.1"])
+        run = yaml.safe_load((folder / "task.yaml").read_text())["run"]
+        torchrun_words = shlex.split(run[run.index("--nnodes"):].replace("\\\n", " "))
+        parsed = get_args_parser().parse_args(torchrun_words)
+        assert not parsed.module
+        assert (folder / parsed.training_script).resolve() == folder / name
+        assert parsed.training_script_args == ["-m", "--lr", "0.1"]
+
+
 # -- checkpoint_dir ------------------------------------------------------------------------
 
 
@@ -393,7 +531,7 @@ def test_the_yaml_reads_back_as_written_whatever_the_text() -> None:
     document = {"strings": {f"key {index} {text}": text for index, text in enumerate(AWKWARD)},
                 "numbers": {"nodes": 3, "spot": True, "off": False},
                 "script": "echo 'one'\n\n  indented: # kept\n"}
-    text = to_yaml(document, comments=("a comment", "over\ntwo lines"))
+    text = to_yaml(document, comments=("a comment", "over\ntwo lines", "bell\x07 and \udcff"))
     assert yaml.safe_load(text) == document
     assert "\nscript: |\n  echo 'one'\n\n    indented: # kept\n" in text  # a readable block
 
@@ -455,7 +593,9 @@ def test_the_command_refuses_a_missing_script_and_usage_mistakes(tmp_path: Path)
     for args, error in ((["--bucket", "s3://b", "train.py"], "the following arguments are "
                          "required: --folder"),
                         (["--folder", "t", "--bucket", "s3://b", "--data", "/d", "train.py"],
-                         "argument --data: '/d' is not PATH=SOURCE, like /data=s3://my-data")):
+                         "argument --data: '/d' is not PATH=SOURCE, like /data=s3://my-data"),
+                        (["--folder", "t", "--bucket", "s3://b"],  # ARGS may be left out
+                         "the following arguments are required: SCRIPT")):
         usage = ipycloud_command("cluster", "export", *args, cwd=tmp_path)
         assert usage.returncode == 2
         assert usage.stderr.startswith("usage: ipycloud cluster export [-h]")

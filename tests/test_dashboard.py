@@ -462,7 +462,7 @@ def test_a_csv_in_a_read_only_folder_is_one_line(recorded, read_only_folder: Pat
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("--bogus", "%dashboard: unrecognized arguments: --bogus (see %dashboard? for usage)"),
+        ("--bogus", "%dashboard: unknown option --bogus (see %dashboard? for usage)"),
         ("bogus", "argument action: invalid choice: 'bogus'"),
         ('"unclosed', "No closing quotation"),
         ("--interval -1", "%dashboard: argument --interval: '-1' is not a duration: write it "

@@ -126,3 +126,29 @@ def test_a_process_forked_while_fit_awaits_sigterm_never_saves() -> None:
         os.close(reader)
         os.waitpid(child, 0)
     assert saves == []
+
+
+def test_generator_states_are_kept_for_a_sigterm_only_where_the_run_can_save(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each epoch begins by keeping the random generators' states for a SIGTERM's save;
+    a run without a checkpoint folder saves nothing, so it keeps none."""
+    from torch import nn
+
+    from ipycloud.runtime.checkpoint import rng
+    from ipycloud.runtime.train.loop import fit
+
+    captured: list[int] = []
+    capture = rng.capture_rng_states
+    monkeypatch.setattr(rng, "capture_rng_states",
+                        lambda: captured.append(1) or capture())
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)]
+
+    def run(**checkpoint: Any) -> int:
+        captured.clear()
+        model = nn.Linear(3, 2)
+        fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=2,
+            progress=False, **checkpoint)
+        return len(captured)
+
+    assert run() == 0
+    assert run(checkpoint=tmp_path / "checkpoints") >= 3  # the start, then each epoch's

@@ -43,7 +43,7 @@ def test_gpuinfo_in_a_kernel(tmp_path: Path) -> None:
     assert json.loads(outputs(cells[3])["text/plain"]) == data
     (error,) = cells[4].outputs  # one line on stderr, no traceback
     assert error.output_type == "stream" and error.name == "stderr"
-    assert error.text == ("UsageError: %gpuinfo: unrecognized arguments: --bogus "
+    assert error.text == ("UsageError: %gpuinfo: unknown option --bogus "
                           "(see %gpuinfo? for usage)\n")
 
 

@@ -119,19 +119,45 @@ def test_help_option_prints_the_help_page_and_does_nothing(notebook, tmp_path: P
     assert not session_guard().running
 
 
-@pytest.mark.parametrize(("magic", "line", "abbreviated"), [
+@pytest.mark.parametrize(("magic", "line", "option"), [
     ("gpuinfo", "--jso", "--jso"),
-    ("checkpoint", "list --di /tmp", "--di /tmp"),
+    ("checkpoint", "list --di /tmp", "--di"),
     ("mount_storage", "sync a b --del", "--del"),
     ("dashboard", "report --js", "--js"),
-    ("keepalive", "start --int 5m", "--int 5m"),
+    ("keepalive", "start --int 5m", "--int"),
+    ("keepalive", "--evry 5m", "--evry"),  # not "invalid choice: '5m'"
+    ("keepalive", "--evry=5m", "--evry"),
+    ("checkpoint", "save model -dir /tmp", "-dir"),
+    ("notify", "add --url ntfy://ntfy.sh/x", "--url"),
+    ("dashboard", "--interval 1 --hist 5m", "--hist"),
+    ("gpuinfo", "-px", "-px"),
+    ("dashboard", "'--bad\nline'", "'--bad\\nline'"),  # a word with a newline: one line
 ])
-def test_abbreviated_options_are_refused(shell, magic, line, abbreviated) -> None:
+def test_an_unknown_or_abbreviated_option_is_named_in_one_line(shell, config_home: Path, magic,
+                                                               line, option) -> None:
     with pytest.raises(UsageError) as caught:
         shell.run_line_magic(magic, line)
-    assert str(caught.value) == (f"%{magic}: unrecognized arguments: {abbreviated} "
-                                 f"(see %{magic}? for usage)")
+    assert str(caught.value) == f"%{magic}: unknown option {option} (see %{magic}? for usage)"
     assert not session_guard().running
+    assert not config_home.exists()
+
+
+def test_a_word_with_a_newline_is_named_in_one_line(shell) -> None:
+    with pytest.raises(UsageError) as caught:
+        shell.run_line_magic("gpuinfo", "'extra\nword'")
+    assert str(caught.value) == ("%gpuinfo: unrecognized arguments: extra\\nword "
+                                 "(see %gpuinfo? for usage)")
+
+
+def test_words_that_start_with_a_dash_but_are_values_or_operands_reach_the_magic(
+        notebook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    notebook.run_line_magic("checkpoint", "save model --dir -my-runs")  # a value
+    assert [info.step for info in CheckpointManager(tmp_path / "-my-runs").list()] == [0]
+    (tmp_path / "-from").mkdir()
+    (tmp_path / "-from" / "a.txt").write_text("x")
+    notebook.run_line_magic("mount_storage", "sync -- -from -to")  # operands after --
+    assert (tmp_path / "-to" / "a.txt").read_text() == "x"
 
 
 def test_quoting_help_and_mistakes_in_a_real_kernel(tmp_path: Path) -> None:

@@ -73,13 +73,13 @@ def test_help_page_has_examples(shell) -> None:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("--bogus", "unrecognized arguments: --bogus"),
+        ("--bogus", "unknown option --bogus"),
         ("extra words", "unrecognized arguments: extra words"),
         ("--json=yes", "ignored explicit argument 'yes'"),
         ("--processes=2", "ignored explicit argument '2'"),
-        ("-x", "unrecognized arguments: -x"),
+        ("-x", "unknown option -x"),
         ('"unclosed', "No closing quotation"),
-        ("--json --json-ish", "unrecognized arguments: --json-ish"),
+        ("--json --json-ish", "unknown option --json-ish"),
     ],
 )
 def test_wrong_lines_raise_one_line_usage_error(shell, line, message) -> None:
@@ -95,5 +95,5 @@ def test_usage_error_in_a_cell_shows_no_traceback(shell, capsys) -> None:
     result = shell.run_cell("%gpuinfo --bogus")
     captured = capsys.readouterr()
     assert isinstance(result.error_in_exec, UsageError)
-    assert "UsageError: %gpuinfo: unrecognized arguments: --bogus" in captured.err
+    assert "UsageError: %gpuinfo: unknown option --bogus" in captured.err
     assert "Traceback" not in captured.out + captured.err

@@ -124,6 +124,67 @@ def test_notify_test_sends_to_each_url_and_says_which_failed(
     assert SECRET not in caplog.text
 
 
+def test_a_server_that_answers_an_error_never_shows_the_topic(
+        shell: InteractiveShell, monkeypatch: pytest.MonkeyPatch, alert_receiver: AlertReceiver,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    alert_receiver.refuse(403, f"topic {SECRET} is reserved")  # a server that echoes it
+    port = alert_receiver.url("").split(":")[2].rstrip("/")
+    alerts_to(monkeypatch, f"ntfy://127.0.0.1:{port}/{SECRET}")
+    answer = str(shell.run_line_magic("notify", "test"))
+    assert answer == (f"test alert NOT sent to ntfy://127.0.0.1:{port}/…: Failed to send ntfy "
+                      "notification to topic '***': topic *** is reserved, error=40301.")
+    assert ipycloud.notify("failed", "title", "body")
+    assert notify.flush(30)
+    assert [message["topic"] for message in alert_receiver.messages] == [SECRET, SECRET]
+    assert (f"the failed alert was not sent to ntfy://127.0.0.1:{port}/…: Failed to send "
+            "ntfy notification to topic '***'") in caplog.text
+    assert SECRET not in caplog.text
+
+
+def test_adding_a_url_logs_no_part_of_it_even_at_debug_level(
+        shell: InteractiveShell, config_home: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    shell.run_line_magic("notify", f"add ntfy://ntfy.sh/{SECRET}")
+    with pytest.raises(UsageError, match=r"^%notify add: bogus://… is not a URL"):
+        shell.run_line_magic("notify", f"add bogus://{SECRET}")
+    assert notify.urls.saved_urls() == [f"ntfy://ntfy.sh/{SECRET}"]
+    assert SECRET not in caplog.text
+
+
+def test_a_config_folder_others_can_write_is_made_private_before_use(
+        shell: InteractiveShell, config_home: Path) -> None:
+    config_home.mkdir(parents=True)
+    config_home.chmod(0o777)
+    shell.run_line_magic("notify", f"add ntfy://ntfy.sh/{SECRET}")
+    assert stat.S_IMODE(config_home.stat().st_mode) == 0o700
+    assert stat.S_IMODE((config_home / "notify.json").stat().st_mode) == 0o600
+
+
+def test_a_config_folder_that_is_a_link_or_not_the_users_is_refused(
+        shell: InteractiveShell, config_home: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    config_home.parent.mkdir(parents=True)
+    config_home.symlink_to(elsewhere)
+    for line in (f"add ntfy://ntfy.sh/{SECRET}", "list"):
+        with pytest.raises(UsageError, match=rf"^%notify \w+: {config_home} is a symbolic link: "
+                                             r"ipycloud keeps alert URLs only in a folder "
+                                             r"of yours \(see \$IPYCLOUD_CONFIG_DIR\)$"):
+            shell.run_line_magic("notify", line)
+    assert list(elsewhere.iterdir()) == []
+    if os.geteuid() != 0:
+        return  # only root can give a folder to another user
+    config_home.unlink()
+    config_home.mkdir(mode=0o700)
+    os.chown(config_home, 65534, 65534)
+    with pytest.raises(UsageError, match=rf"^%notify add: {config_home} belongs to another "
+                                         r"user: ipycloud keeps alert URLs only in a folder "
+                                         r"of yours \(see \$IPYCLOUD_CONFIG_DIR\)$"):
+        shell.run_line_magic("notify", f"add ntfy://ntfy.sh/{SECRET}")
+    assert list(config_home.iterdir()) == []
+
+
 # -- what fit tells ----------------------------------------------------------------------
 
 def test_fit_alerts_when_a_run_finishes_fails_and_pauses(

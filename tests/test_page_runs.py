@@ -154,3 +154,25 @@ def test_the_routes_follow_a_growing_log_and_a_run_resumed_here(
     os.utime(entry, ns=(1, 1))  # a change of the entry's time is what is looked at
     assert get_json(page_server, f"runs/{OTHERS}")["records"] == resumed
     assert {run["id"] for run in get_json(page_server, "runs")["runs"]} == {MINE, OTHERS}
+
+
+@pytest.mark.filterwarnings("ignore::ipycloud.runtime.runs.records.RunRecordWarning")
+def test_damaged_and_non_finite_lines_and_a_fifo_in_the_index_leave_strict_answers(
+        page_server: PageServer, state: Path, lines: list[dict[str, Any]]) -> None:
+    log = Path(lines[0]["folder"]) / ".ipycloud-runs" / f"{MINE}.jsonl"
+    with log.open("a") as file:
+        file.write("[" * 100_000 + "]" * 100_000 + "\n"
+                   + '{"t": ' + "9" * 400 + ', "kind": "step", "step": 6}\n'
+                   + '{"t": 1732410008.0, "kind": "step", "step": 5, "epoch": 1, "loss": NaN}\n')
+    os.mkfifo(state / "runs" / "index" / f"{'9' * 12}.json")
+    code, _, body = get(page_server, "/api/runs", {"Authorization": f"token {page_server.token}"})
+    assert code == 200
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"the answer holds {constant}")
+    (run,) = json.loads(body, parse_constant=refuse)["runs"]
+    assert (run["id"], run["step"], run["last_loss"]) == (MINE, 5, None)
+    code, _, body = get(page_server, f"/api/runs/{MINE}",
+                        {"Authorization": f"token {page_server.token}"})
+    assert code == 200
+    assert json.loads(body, parse_constant=refuse)["records"][-1]["loss"] is None

@@ -1,11 +1,11 @@
 """Quantities read from people (sizes with or without a unit) and written for them (a size
-against its total, in one unit)."""
+against its total, in one unit; a rate without exponents)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ipycloud.runtime.units import counted, format_of, parse_size
+from ipycloud.runtime.units import counted, format_of, format_rate, parse_size
 
 MIB, GIB, TIB = 2**20, 2**30, 2**40
 
@@ -48,3 +48,11 @@ def test_a_pair_of_sizes_is_written_in_the_unit_of_its_total(
 ])
 def test_a_count_has_its_noun_in_the_right_number(number, noun, plural, text) -> None:
     assert counted(number, noun, plural) == text
+
+
+@pytest.mark.parametrize(("rate", "text"), [
+    (1560.4, "1560"), (123456.0, "123456"), (99.96, "100"), (12.345, "12.3"), (2.0, "2"),
+    (0.5, "0.5"), (0.01234, "0.0123"), (0.0000278, "0.0000278"), (0.0, "0"),
+])
+def test_a_rate_is_written_for_people_without_an_exponent(rate: float, text: str) -> None:
+    assert format_rate(rate) == text

@@ -120,8 +120,9 @@ def _add_cluster(subcommands: Any) -> None:
     export.add_argument("--name", dest="task_name", metavar="NAME",
                         help="the task's name (default: the script's)")
     export.add_argument("script", metavar="SCRIPT", type=_path, help="the training script")
-    export.add_argument("script_args", metavar="ARGS", nargs=argparse.REMAINDER,
-                        help="the script's command line")
+    script_args = export.add_argument("script_args", metavar="ARGS", nargs=argparse.REMAINDER,
+                                      help="the script's command line")
+    script_args.required = False  # argparse counts every REMAINDER as required in its usage
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import signal
 import sys
+from pathlib import Path
 
 from ipycloud.runtime.messages import in_words, one_line
 
@@ -87,11 +88,12 @@ def runs(args: argparse.Namespace) -> int:
         summaries = read_runs(args.folder)
     except OSError as error:
         raise CommandError(one_line(error)) from None
-    if args.json:
-        print(json.dumps({"runs": [summary.to_json() for summary in summaries]}, indent=2))
+    if args.json:  # strict JSON: a number that is not finite is null
+        print(json.dumps({"runs": [summary.to_json() for summary in summaries]}, indent=2,
+                         allow_nan=False))
         return 0
     where = "on this machine" if args.folder is None else f"in {args.folder}"
-    print(RunsTable(summaries, where))
+    print(RunsTable(summaries, where, base=None if args.folder is None else Path(args.folder)))
     return 0
 
 

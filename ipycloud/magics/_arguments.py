@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from IPython.core.error import UsageError
 from ipycloud.runtime.units import format_seconds, parse_duration, parse_size
 
 Magic = Callable[..., Any]
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")  # argparse's own test for a negative number
 
 
 def parse_line(magic: Magic, line: str) -> argparse.Namespace:
@@ -34,7 +36,8 @@ def parse_line(magic: Magic, line: str) -> argparse.Namespace:
     try:
         return parser.parse_args(_prepared(parser, _words(line)))
     except (UsageError, ValueError) as error:
-        raise UsageError(f"%{name}: {error} (see %{name}? for usage)") from None
+        shown = "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(error))
+        raise UsageError(f"%{name}: {shown} (see %{name}? for usage)") from None
 
 
 def help_option(magic: Magic) -> Magic:
@@ -159,14 +162,21 @@ def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
 
     An option's value that starts with a dash is attached (``--every -5m`` as
     ``--every=-5m``): argparse takes such a value for an option unless it is attached, and
-    would say "expected one argument" instead of what is wrong with the value.
+    would say "expected one argument" instead of what is wrong with the value. A word that
+    looks like an option the magic does not have is refused by its name ("unknown option
+    --evry"), before argparse would take the word after it for an operand.
     """
     options = parser._option_string_actions  # argparse keeps its option table private
     prepared: list[str] = []
     given: set[argparse.Action] = set()
     tokens = iter(words)
     for token in tokens:
+        if token == "--":  # what follows is operands, as argparse reads them
+            prepared += [token, *tokens]
+            break
         flag, attached, value = token.partition("=")
+        if _is_unknown_option(token, options):  # named as typed; unprintable, as Python's repr
+            raise ValueError(f"unknown option {flag if flag.isprintable() else repr(flag)}")
         if token == "" or (attached and not value and flag in options):
             raise ValueError(_empty(flag if attached else None))
         for option in _options_in(token, options):
@@ -186,6 +196,22 @@ def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
         else:
             prepared += [token, following]
     return prepared
+
+
+def _is_unknown_option(token: str, options: dict[str, argparse.Action]) -> bool:
+    """Whether ``token`` is written as an option (``--name``, ``-x``) that the magic does
+    not have; a negative number and a lone ``-`` are operands, as argparse reads them."""
+    if not token.startswith("-") or token == "-" or _NEGATIVE_NUMBER.fullmatch(token):
+        return False
+    if token.partition("=")[0] in options:
+        return False
+    if token.startswith("--"):
+        return True
+    first = options.get(token[:2])
+    if first is not None and first.nargs != 0:
+        return False  # -n5: a short option and its value
+    return not all(options.get(f"-{letter}") is not None and options[f"-{letter}"].nargs == 0
+                   for letter in token[1:])  # -pq: flags run together
 
 
 def _options_in(token: str, options: dict[str, argparse.Action]) -> list[argparse.Action]:

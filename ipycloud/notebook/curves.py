@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from ipycloud.runtime.train.curves import TrainingCurves
 from ipycloud.runtime.train.followers import RunEnd, RunStart, register_follower
+from ipycloud.runtime.units import format_rate
 
 INTERVAL_S = 1.0
 
@@ -50,7 +51,7 @@ class LiveCurves:
         pace = row.get("steps_per_s")
         of = f" of {self._total:,}" if self._total else ""
         self._state = f"step {row['step']:,}{of}, epoch {row['epoch']}" + (
-            f", {pace:.3g} steps/s" if isinstance(pace, float) else "")
+            f", {format_rate(pace)} steps/s" if isinstance(pace, float) else "")
         self._draw_if_due()
 
     def epoch_ended(self, logs: dict[str, Any]) -> None:

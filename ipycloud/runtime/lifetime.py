@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import threading
 import time
 
@@ -47,3 +48,26 @@ def end_with(parent: int) -> None:
         os._exit(0)  # what it was writing stays a temporary file, removed by the next save
 
     threading.Thread(target=watch, name="ipycloud-end-with-parent", daemon=True).start()
+
+
+def end_on_sigterm_from(sender: int) -> None:
+    """Ignore SIGTERM in this process, except from ``sender``: that one ends it at once.
+
+    ``sender`` is the process this one works for: its SIGTERM is a request to end
+    (multiprocessing's ``terminate``, its exit handler's among them), where another's is
+    the machine going away, which this process outlives until ``sender`` has saved. SIGTERM
+    is blocked in every thread and taken, with its sender's PID, by a daemon thread; where
+    that cannot be told (no ``sigwaitinfo``), SIGTERM is only ignored. Call it in the main
+    thread, before starting threads.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if not hasattr(signal, "sigwaitinfo"):
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # inherited by new threads
+
+    def take() -> None:
+        while signal.sigwaitinfo({signal.SIGTERM}).si_pid != sender:
+            pass
+        os._exit(0)
+
+    threading.Thread(target=take, name="ipycloud-sigterm-from-parent", daemon=True).start()

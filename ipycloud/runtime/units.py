@@ -75,7 +75,7 @@ def format_duration(seconds: float | None) -> str:
     """Seconds as ``12 h`` or ``1 h 30 min``; None as "none known"."""
     if seconds is None:
         return "none known"
-    if seconds < 60:
+    if seconds < 60 or not math.isfinite(seconds):  # NaN and infinity: "nan s", "inf s"
         return f"{seconds:.0f} s"
     hours, minutes = divmod(round(seconds / 60), 60)
     parts = [f"{hours} h"] if hours else []
@@ -87,6 +87,17 @@ def format_duration(seconds: float | None) -> str:
 def format_seconds(value: float) -> str:
     """Seconds as people read them, short ones kept exact enough: ``0.5 s``, ``25 s``, ``2 h``."""
     return format_duration(value) if value >= 60 else f"{value:.3g} s"  # NaN: "nan s"
+
+
+def format_rate(value: float) -> str:
+    """A rate (steps/s) as people read it: three significant figures and never an
+    exponent: ``1560``, ``12.3``, ``0.5``, ``0.0000278``."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:g}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    decimals = 2 - math.floor(math.log10(abs(value)))
+    return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

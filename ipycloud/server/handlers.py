@@ -1,24 +1,28 @@
 """The request handlers of the routes: each reads what the sampler thread and the kernel
-watch already hold, and answers JSON. Every verb is ``@tornado.web.authenticated`` and then
+watch already hold, and answers strict JSON (no NaN nor Infinity: ``null``), through
+``answer``. The runs routes read files on the runs' own threads, never on the executor the
+history route uses. Every verb is ``@tornado.web.authenticated`` and then
 authorised by the server's authorizer for the ``ipycloud`` resource, so a server that refuses
 unauthenticated access loads them without complaint."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from ipycloud.runtime.monitor import strict_json
 from ipycloud.runtime.monitor.payloads import parse_since, reading
 from ipycloud.server.events import DeathRecorder
 from ipycloud.server.kernels import KernelWatch
 from ipycloud.server.monitor import ServerMonitor
-from ipycloud.server.runs import RunFinder
+from ipycloud.server.runs import RunFinder, RunsNotReady
 
+T = TypeVar("T")
 AUTH_RESOURCE = "ipycloud"
 SETTINGS_KEY = "ipycloud"  # the web app's setting holding the Services below
 
@@ -41,10 +45,14 @@ class _Handler(APIHandler):
         return services
 
     def answer(self, body: object, status: int = 200) -> None:
-        """Finish with ``body`` as JSON."""
+        """Finish with ``body`` as strict JSON."""
         self.set_status(status)
+        self.answer_encoded(strict_json.dumps(body))
+
+    def answer_encoded(self, text: str) -> None:
+        """Finish with ``text``, JSON already encoded strictly (strict_json)."""
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(body))
+        self.finish(text)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         """Every error as the API's one shape, ``{"message": "<one line>"}``."""
@@ -53,7 +61,7 @@ class _Handler(APIHandler):
             message = error.log_message % error.args
         else:
             message = self._reason
-        self.finish(json.dumps({"message": message}))
+        self.finish(strict_json.dumps({"message": message}))
 
     def since(self) -> float | None:
         """The ``since`` parameter as a Unix time; None when absent. One that is not a
@@ -62,6 +70,15 @@ class _Handler(APIHandler):
             return parse_since(self.get_query_argument("since", None))
         except ValueError as error:
             raise web.HTTPError(400, "%s", str(error)) from None
+
+    async def from_runs(self, work: Callable[[], T]) -> T:
+        """``work`` (an answer of the runs) done on the runs' threads; 503 while the
+        server reads the runs' logs for the first time."""
+        runs = self.services.runs
+        try:
+            return await asyncio.get_running_loop().run_in_executor(runs.executor, work)
+        except RunsNotReady as error:
+            raise web.HTTPError(503, "%s", str(error)) from None
 
 
 class ReadingHandler(_Handler):
@@ -84,9 +101,7 @@ class HistoryHandler(_Handler):
         monitor = self.services.monitor
         loop = asyncio.get_running_loop()
         # A day of readings is megabytes of JSON: joined off the event loop.
-        body = await loop.run_in_executor(None, monitor.history_json, since)
-        self.set_header("Content-Type", "application/json")
-        self.finish(body)
+        self.answer_encoded(await loop.run_in_executor(None, monitor.history_json, since))
 
 
 class KernelsHandler(_Handler):
@@ -128,11 +143,9 @@ class RunsHandler(_Handler):
     @authorized
     async def get(self) -> None:
         runs, kernels = self.services.runs, self.services.kernels.kernel_ids()
-        loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(
-            None, lambda: json.dumps({"runs": runs.summaries(kernels)}))
-        self.set_header("Content-Type", "application/json")
-        self.finish(body)
+        ready = runs.ready_json(kernels)  # a view there: answered at once, off any thread
+        self.answer_encoded(ready if ready is not None
+                            else await self.from_runs(lambda: runs.runs_json(kernels)))
 
 
 class RunHandler(_Handler):
@@ -143,20 +156,12 @@ class RunHandler(_Handler):
     async def get(self, run_id: str) -> None:
         since = self.since()
         runs, kernels = self.services.runs, self.services.kernels.kernel_ids()
-        loop = asyncio.get_running_loop()
-        body = await loop.run_in_executor(None, _run_json, runs, run_id, kernels, since)
+        body = await self.from_runs(lambda: runs.run_json(run_id, kernels, since))
         if body is None:
             self.answer({"message": f"no run of this server has the id {run_id!r}: GET runs "
                                     "lists them"}, 404)
             return
-        self.set_header("Content-Type", "application/json")
-        self.finish(body)
-
-
-def _run_json(runs: RunFinder, run_id: str, kernels: frozenset[str],
-              since: float | None) -> str | None:
-    found = runs.run(run_id, kernels, since)
-    return None if found is None else json.dumps({"run": found[0], "records": found[1]})
+        self.answer_encoded(body)
 
 
 def _gpu_problem(monitor: ServerMonitor) -> str | None:

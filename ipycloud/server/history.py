@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.messages import describe_error
+from ipycloud.runtime.monitor import strict_json
 
 logger = logging.getLogger(__name__)
 
@@ -182,11 +183,12 @@ def _readable(path: Path) -> Iterable[tuple[float, str]]:
         try:
             reading = json.loads(raw)
             stamp = float(reading["time"])
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             skipped += 1
             continue
         if math.isfinite(stamp):
-            yield stamp, raw.decode().strip()
+            strict = b"NaN" not in raw and b"Infinity" not in raw  # as an older server wrote
+            yield stamp, raw.decode().strip() if strict else strict_json.dumps(reading)
         else:
             skipped += 1
     if skipped:

@@ -11,12 +11,12 @@ event loop.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
+from ipycloud.runtime.monitor import strict_json
 from ipycloud.runtime.monitor.host import HostProbe, HostSample
 from ipycloud.runtime.monitor.payloads import history_of_encoded, reading
 from ipycloud.runtime.monitor.sampler import Sampler
@@ -91,7 +91,7 @@ class ServerMonitor:
             if not self._kept_opened:
                 self._kept_opened = True
                 self.kept.open()
-        self.kept.add(sample.time, json.dumps(reading(sample, self.interval)))
+        self.kept.add(sample.time, strict_json.dumps(reading(sample, self.interval)))
         return sample
 
 

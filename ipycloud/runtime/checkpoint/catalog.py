@@ -20,11 +20,13 @@ from typing import Any
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
 from ipycloud.runtime.units import counted, format_bytes
+from ipycloud.runtime.untrusted import NotRegular, is_count, is_unix_time, load_json, read_small
 
 FORMAT = "ipycloud-checkpoint/1"
 DATA_SUFFIX = ".pt"
 MANIFEST_SUFFIX = ".json"
 LATEST_POINTER = "latest"
+MAX_MANIFEST_BYTES = 4 << 20  # a longer manifest is not one of ours
 BEST = "best"  # which= word for the best checkpoint by the keep_best metric
 COMPLETE, WRITING, DAMAGED = "complete", "writing", "damaged"  # CheckpointInfo.status
 _NAME = re.compile(r"^step-\d{9,}(-[A-Za-z][A-Za-z0-9_.-]*)?(\.\d+)?$")
@@ -83,7 +85,14 @@ class CheckpointInfo:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise ValueError(f"not an {FORMAT} manifest")
         fields = {key: value for key, value in manifest.items() if key != "format"}
-        info = cls(directory=directory, **fields)
+        metrics = fields.get("metrics")
+        if isinstance(metrics, dict):  # a metric that was not finite is not one to rank by
+            fields["metrics"] = {name: value for name, value in metrics.items()
+                                 if value is not None}
+        try:
+            info = cls(directory=directory, **fields)
+        except TypeError:
+            raise ValueError("a manifest has the fields of CheckpointInfo only") from None
         _check_fields(info)
         return info
 
@@ -108,23 +117,44 @@ def _check_fields(info: CheckpointInfo) -> None:
     files = info.files
     if (not isinstance(files, dict) or set(files) != {data_file}
             or not isinstance(files[data_file], dict)
-            or not _is_count(files[data_file].get("size"))
+            or not is_count(files[data_file].get("size"))
             or not isinstance(files[data_file].get("crc32"), str)):
         raise ValueError(f"a manifest lists the files of {data_file} only, with size and crc32")
     for field_name in ("step", "sequence"):
-        if not _is_count(getattr(info, field_name)):
+        if not is_count(getattr(info, field_name)):
             raise ValueError(f"{field_name} must be a non-negative integer")
-    if isinstance(info.time, bool) or not isinstance(info.time, int | float):
-        raise ValueError("time must be a number")
+    if info.epoch is not None and not is_count(info.epoch):
+        raise ValueError("epoch must be a non-negative integer or null")
+    if not is_unix_time(info.time):
+        raise ValueError("time must be a Unix time")
     if info.run is not None and not (isinstance(info.run, str) and _RUN.match(info.run)):
         raise ValueError(f"not a run id: {info.run!r}")
+    if info.tag is not None and not (isinstance(info.tag, str) and _TAG.match(info.tag)):
+        raise ValueError(f"not a tag: {info.tag!r}")
     if not isinstance(info.metrics, dict) or not all(
-            isinstance(value, int | float) for value in info.metrics.values()):
+            isinstance(value, int | float) and not isinstance(value, bool)
+            for value in info.metrics.values()):
         raise ValueError("metrics must map names to numbers")
+    _check_descriptions(info)
 
 
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _check_descriptions(info: CheckpointInfo) -> None:
+    """ValueError unless what the manifest says of its contents has the types it should."""
+    if not _text_map(info.objects, nullable=False) or not _text_map(info.versions,
+                                                                     nullable=True):
+        raise ValueError("objects and versions must map names to text")
+    if not isinstance(info.rng, list) or not all(isinstance(name, str) for name in info.rng):
+        raise ValueError("rng must list names")
+    rule = info.keep_best
+    if rule is not None and not (isinstance(rule, list) and len(rule) == 3
+                                 and isinstance(rule[0], str) and rule[1] in ("min", "max")
+                                 and is_count(rule[2]) and rule[2] >= 1):
+        raise ValueError("keep_best must be [metric, 'min' or 'max', count]")
+
+
+def _text_map(value: Any, nullable: bool) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(item, str) or (nullable and item is None) for item in value.values())
 
 
 def validate_tag(tag: str | None) -> None:
@@ -161,7 +191,9 @@ def is_checkpoint_name(name: str) -> bool:
 
 
 def read_catalog(directory: Path) -> tuple[list[CheckpointInfo], list[str]]:
-    """The checkpoints in a folder, oldest first, and the manifests that are not sound.
+    """The checkpoints in a folder, oldest first, and the manifests that are not sound
+    (not JSON, not a manifest, over MAX_MANIFEST_BYTES, not a regular file: a FIFO is
+    never waited on).
 
     A manifest removed while the folder is listed (rotated away) is left out; any other
     OSError (a lost mount, an I/O error) is raised: the folder cannot be read now.
@@ -171,16 +203,23 @@ def read_catalog(directory: Path) -> tuple[list[CheckpointInfo], list[str]]:
         if not is_checkpoint_name(manifest.stem):
             continue
         try:
-            info = CheckpointInfo.from_manifest(json.loads(manifest.read_text()), directory)
-            if info.name != manifest.stem:
-                raise ValueError(f"{manifest.name} describes {info.name}")
-            infos.append(info)
+            text = read_small(manifest, MAX_MANIFEST_BYTES, follow_links=True)
+            infos.append(parse_manifest(text, manifest.stem, directory))
         except FileNotFoundError:
             continue
-        except (ValueError, TypeError):
+        except (ValueError, NotRegular):
             unreadable.append(manifest.name)
     infos.sort(key=lambda info: info.sequence)
     return infos, unreadable
+
+
+def parse_manifest(data: bytes, name: str, directory: Path) -> CheckpointInfo:
+    """The checkpoint ``name`` of ``directory`` as the manifest holding ``data`` describes
+    it; raises ValueError when it is not its sound manifest."""
+    info = CheckpointInfo.from_manifest(load_json(data), directory)
+    if info.name != name:
+        raise ValueError(f"{name}{MANIFEST_SUFFIX} describes {info.name}")
+    return info
 
 
 def write_manifest(info: CheckpointInfo) -> None:

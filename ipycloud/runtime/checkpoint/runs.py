@@ -30,9 +30,11 @@ from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
 from ipycloud.runtime.checkpoint.errors import CheckpointWarning
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.per_process import per_process
+from ipycloud.runtime.untrusted import is_count, is_unix_time, load_json, read_small
 
 LEASE_PREFIX = ".ipycloud-run-"
 LEASE_SUFFIX = ".json"
+MAX_LEASE_BYTES = 64 * 1024  # a longer lease is not one
 _START_SLACK_S = 1.0  # process start times are compared to this precision
 
 
@@ -82,14 +84,25 @@ def live_elsewhere(folder: Path) -> dict[str, Writer]:
 
 
 def _read_lease(path: Path) -> Writer | None:
+    """The writer the lease at ``path`` names; None where it is no regular file of at most
+    MAX_LEASE_BYTES or no lease."""
     try:
-        fields = json.loads(path.read_text())
-        writer = Writer(**fields)
-    except (OSError, ValueError, TypeError):
+        return parse_lease(read_small(path, MAX_LEASE_BYTES), path.name)
+    except (OSError, ValueError):
         return None
-    valid = (isinstance(writer.pid, int) and isinstance(writer.host, str)
-             and isinstance(writer.started, int | float)
-             and path.name == f"{LEASE_PREFIX}{writer.run}{LEASE_SUFFIX}")
+
+
+def parse_lease(data: bytes, name: str) -> Writer | None:
+    """The writer the lease file ``name`` holding ``data`` names; None where it is not a
+    lease (not JSON, fields missing or of other types, another run's file name)."""
+    try:
+        writer = Writer(**load_json(data))
+    except (ValueError, TypeError):
+        return None
+    valid = (is_count(writer.pid) and writer.pid > 0 and isinstance(writer.host, str)
+             and is_unix_time(writer.started) and isinstance(writer.run, str)
+             and (writer.notebook is None or isinstance(writer.notebook, str))
+             and name == f"{LEASE_PREFIX}{writer.run}{LEASE_SUFFIX}")
     return writer if valid else None
 
 

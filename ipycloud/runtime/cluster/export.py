@@ -8,7 +8,6 @@ leaves the folder as it was.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -28,12 +27,14 @@ from ipycloud.runtime.cluster.options import (
     check_max_restarts,
     check_name,
     check_nodes,
+    check_utf8,
     name_from,
     parse_accelerators,
     parse_data,
 )
 from ipycloud.runtime.cluster.payload import dump_payload, python_version
 from ipycloud.runtime.cluster.pins import Installed, Pin, requirements_text
+from ipycloud.runtime.cluster.shell_words import shell_word
 from ipycloud.runtime.cluster.task import REQUIREMENTS_FILE, TASK_FILE, Plan, task_yaml
 from ipycloud.runtime.durable import refuse_a_file, write_bytes_atomically
 from ipycloud.runtime.messages import describe_error, one_line
@@ -68,7 +69,7 @@ class ExportedTask:
 
     @property
     def launch_command(self) -> str:
-        return f"sky jobs launch {shlex.quote(str(self.task_file))}"
+        return f"sky jobs launch {shell_word(str(self.task_file))}"
 
     def lines(self) -> list[str]:
         plan = self.plan
@@ -166,6 +167,7 @@ def export(train: Callable[..., Any] | str | os.PathLike[str], *, folder: str | 
 
 def _target(folder: str | os.PathLike[str]) -> Path:
     target = Path(folder).expanduser().absolute()
+    check_utf8(str(target), "folder")
     try:
         refuse_a_file(target)
     except OSError as error:
@@ -214,6 +216,7 @@ def _script(path: Path, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
     if not path.is_file():
         raise ExportError("no script {path}: give the path of a Python file",
                           path=repr(str(path)))
+    check_utf8(path.name, "train")
     if path.name in (TASK_FILE, REQUIREMENTS_FILE, PAYLOAD_FILE):
         raise ExportError("the script's name {path} is the name of a file the task "
                           "writes: rename it", path=repr(path.name))
@@ -226,17 +229,23 @@ def _script(path: Path, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
                           reason=describe_error(error)) from None
     needed = {module for module in modules if not is_standard(module)}
     return _Training(described=f"script {path.name}", files={path.name: content},
-                     program=(path.name, *command), modules=frozenset(needed),
+                     program=(_script_word(path.name), *command), modules=frozenset(needed),
                      unresolved=frozenset(module for module in needed
                                           if not installed.provides(module)),
                      name=name_from(path.stem))
+
+
+def _script_word(name: str) -> str:
+    """The script as torchrun's command line names it: ``./-m.py`` for a name that starts
+    with a dash, which torchrun would read as its own option."""
+    return f"./{name}" if name.startswith("-") else name
 
 
 def _argument(arg: Any) -> str:
     if isinstance(arg, bool) or not isinstance(arg, str | int | float):
         raise ExportError("{args} of a script are its command line: strings or numbers, "
                           "not {value}", args="args", value=repr(arg))
-    return str(arg)
+    return check_utf8(str(arg), "args")
 
 
 def _check_with_skypilot(task_text: str) -> str | None:

@@ -9,6 +9,7 @@ for IBM COS, nor for OCI unless it is reached through its S3 API.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -92,16 +93,35 @@ def check_bucket(url: str) -> str:
 
 def parse_data(data: dict[str, str | os.PathLike[str]] | None) -> list[Mount]:
     """``{"/data": "s3://my-data", "/extra": "./local-folder"}`` as mounts: a URL is a
-    bucket, anything else a file or folder here that is uploaded to every node."""
-    mounts = []
-    for path, source in (data or {}).items():
-        _check_mount_path(path)
+    bucket, anything else a file or folder here that is uploaded to every node. Each path
+    is normalised (``/./data/`` is ``/data``); one path given twice is refused."""
+    mounts: dict[str, Mount] = {}
+    given: dict[str, str] = {}
+    for written, source in (data or {}).items():
+        path = _mount_path(written)
+        if path in given:
+            raise ExportError("{data}: {first} and {second} are the mount path {path} given "
+                              "twice: give it once", data="data", first=repr(given[path]),
+                              second=repr(written), path=path)
+        given[path] = written
         text = os.fspath(source)
         if "://" in text:
-            mounts.append(Mount(path, _bucket_url(text, "data"), is_bucket=True))
+            mounts[path] = Mount(path, _bucket_url(text, "data"), is_bucket=True)
         else:
-            mounts.append(Mount(path, _local_source(text, path), is_bucket=False))
-    return mounts
+            mounts[path] = Mount(path, _local_source(text, path), is_bucket=False)
+    return list(mounts.values())
+
+
+def check_utf8(text: str, parameter: str) -> str:
+    """``text``, refused (ExportError) unless it can be written as UTF-8, as a task file is
+    (a name read from a file system in another encoding holds surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ExportError(f"{{{parameter}}}: {{value}} is not UTF-8 text, which a task file "
+                          "must be: rename it", value=repr(text),
+                          **{parameter: parameter}) from None
+    return text
 
 
 def check_name(name: str) -> str:
@@ -120,6 +140,8 @@ def _bucket_url(url: str, parameter: str) -> str:
     """``url`` if it names a bucket that SkyPilot mounts for ``parameter`` (``bucket``: the
     checkpoints, ``data``)."""
     schemes, purpose = _USES[parameter]
+    if isinstance(url, str):
+        check_utf8(url, parameter)
     parts = urlsplit(url) if isinstance(url, str) else None
     if parts is None or parts.scheme not in schemes or not _names_a_bucket(parts):
         spelled = ", ".join(_SPELLED.get(scheme, f"{scheme}://") for scheme in schemes)
@@ -141,19 +163,28 @@ def _names_a_bucket(parts: SplitResult) -> bool:
     return bool(parts.netloc)
 
 
-def _check_mount_path(path: str) -> None:
-    posix = PurePosixPath(path) if isinstance(path, str) else None
-    if posix is None or not (path.startswith(("/", "~/")) and ".." not in posix.parts):
+def _mount_path(path: str) -> str:
+    """``path`` normalised (``//data/./x/`` is ``/data/x``), refused unless absolute on the
+    nodes, without ``..``, and apart from the checkpoint bucket's mount."""
+    written = PurePosixPath(path) if isinstance(path, str) else None
+    if written is None or not (path.startswith(("/", "~/")) and ".." not in written.parts):
         raise ExportError("{data}: a mount path must be absolute on the nodes, like "
                           "'/data' or '~/data', not {value}", data="data", value=repr(path))
+    check_utf8(path, "data")
+    normal = posixpath.normpath(path)
+    if normal.startswith("//"):  # POSIX leaves two leading slashes to the system: Linux
+        normal = "/" + normal.lstrip("/")  # reads them as one
+    posix = PurePosixPath(normal)
     mine = PurePosixPath(CHECKPOINT_MOUNT)
     if posix == mine or mine in posix.parents or posix in mine.parents:
         raise ExportError("{data}: {value} overlaps the checkpoint bucket's mount at {mount}",
                           data="data", value=repr(path), mount=CHECKPOINT_MOUNT)
+    return normal
 
 
 def _local_source(text: str, path: str) -> str:
     local = Path(text).expanduser().absolute()
+    check_utf8(str(local), "data")
     if not local.exists():
         raise ExportError("{data}: {value} (for {path}) is neither a bucket URL nor a file "
                           "or folder here", data="data", value=repr(text), path=path)

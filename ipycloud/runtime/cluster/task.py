@@ -25,6 +25,7 @@ from typing import Any
 
 from ipycloud.runtime.cluster.environment import CHECKPOINT_DIR_VARIABLE
 from ipycloud.runtime.cluster.options import CHECKPOINT_MOUNT, Accelerators, Mount
+from ipycloud.runtime.cluster.shell_words import shell_word
 from ipycloud.runtime.cluster.yaml_text import to_yaml
 
 TASK_FILE = "task.yaml"
@@ -58,7 +59,7 @@ def task_yaml(plan: Plan) -> str:
     return to_yaml(task_config(plan), comments=(
         "Written by ipycloud.cluster.export. Launch it as a managed job, which is",
         "relaunched after a preemption and resumes from the checkpoint bucket:",
-        f"  sky jobs launch {shlex.quote(posixpath.join(plan.folder, TASK_FILE))}"))
+        f"  sky jobs launch {shell_word(posixpath.join(plan.folder, TASK_FILE))}"))
 
 
 def task_config(plan: Plan) -> dict[str, Any]:

@@ -19,8 +19,10 @@ _INDENT = "  "
 
 
 def to_yaml(mapping: Mapping[str, Any], comments: tuple[str, ...] = ()) -> str:
-    """The document: ``comments`` (each line of them after a ``#``), then ``mapping``."""
-    lines = [f"# {line}" for comment in comments for line in comment.splitlines()]
+    """The document: ``comments`` (each line of them after a ``#``, its unprintable
+    characters as escapes), then ``mapping``."""
+    lines = ["# " + "".join(map(_printable, line))
+             for comment in comments for line in comment.splitlines()]
     _emit(mapping, "", lines)
     return "\n".join(lines) + "\n"
 
@@ -65,14 +67,12 @@ def _fits_a_block(text: str) -> bool:
 
 def quoted(text: str) -> str:
     """``text`` as a double-quoted YAML scalar."""
-    out = []
-    for char in text:
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char.isprintable():
-            out.append(char)
-        elif ord(char) < 0x10000:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(f"\\U{ord(char):08x}")
-    return '"' + "".join(out) + '"'
+    return '"' + "".join("\\" + char if char in '"\\' else _printable(char)
+                         for char in text) + '"'
+
+
+def _printable(char: str) -> str:
+    """``char``, or its escape (``\\u0007``) when YAML may not hold it as it is."""
+    if char.isprintable():
+        return char
+    return f"\\u{ord(char):04x}" if ord(char) < 0x10000 else f"\\U{ord(char):08x}"

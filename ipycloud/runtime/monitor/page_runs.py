@@ -5,22 +5,23 @@ their run records, answered as the Jupyter server's routes of the same names ans
 
 The page asks every second, so the runs are followed, not read anew: the user's index of
 runs is read for its new or changed entries only, and only this process's logs, each for
-the lines appended since the last look.
+the lines appended since the last look (ipycloud.runtime.monitor.run_tail: whatever the
+files hold, the answers are strict JSON).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.monitor import strict_json
+from ipycloud.runtime.monitor.run_tail import LogTail, index_entry
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.following import FollowedLog, read_log
-from ipycloud.runtime.runs.summary import RunSummary, summarize
+from ipycloud.runtime.runs.summary import RunSummary
 
 Json = dict[str, Any]
 
@@ -35,24 +36,18 @@ class ProcessRuns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[int, Path | None]] = {}  # index file: mtime, my log
-        self._logs: dict[Path, FollowedLog] = {}
+        self._logs: dict[Path, LogTail] = {}
 
-    def logs(self) -> list[FollowedLog]:
-        """Each run's log as read now, the run updated last first."""
+    def logs(self) -> list[LogTail]:
+        """Each run's log as read now (each with a summary), the run updated last first."""
         with self._lock:
-            mine = self._my_logs()
-            read = {path: read_log(path, self._logs.get(path)) for path in mine}
-            self._logs = {path: log for path, log in read.items() if log is not None}
-            return sorted(self._logs.values(), key=lambda log: log.summary["updated"] or 0.0,
-                          reverse=True)
+            tails = {path: self._logs.get(path) or LogTail(path) for path in self._my_logs()}
+            self._logs = {path: tail for path, tail in tails.items() if tail.look()}
+            return sorted(self._logs.values(), key=_updated, reverse=True)
 
     def summaries(self) -> list[RunSummary]:
         """Each run's summary, the run updated last first."""
-        self.logs()
-        with self._lock:
-            logs = list(self._logs.items())
-        runs = [summarize(path, log.lines) for path, log in logs]
-        return sorted(runs, key=lambda run: run.updated or 0.0, reverse=True)
+        return [tail.run() for tail in self.logs()]
 
     def _my_logs(self) -> list[Path]:
         """The logs the index names for this process (as their writer or a follower), its
@@ -69,7 +64,7 @@ class ProcessRuns:
         for name, (changed, path) in found.items():
             known = self._entries.get(name)
             if known is None or known[0] != changed:
-                entry = records.read_index_entry(path)
+                entry = index_entry(path)
                 log = Path(entry["log"]) if entry is not None and me in _processes(entry) \
                     else None
                 known = (changed, log)
@@ -85,6 +80,11 @@ def _processes(entry: Json) -> set[tuple[object, object]]:
             for named in [entry, *records.followers(entry)]}
 
 
+def _updated(tail: LogTail) -> float:
+    updated = tail.summary["updated"] if tail.summary else None
+    return float(updated) if isinstance(updated, int | float) else 0.0
+
+
 @per_process()
 def process_runs() -> ProcessRuns:
     """This process's runs."""
@@ -93,13 +93,14 @@ def process_runs() -> ProcessRuns:
 
 def runs_answer() -> bytes:
     """The JSON of ``api/runs``: ``{"runs": [summary, ...]}``."""
-    return json.dumps({"runs": [log.summary for log in process_runs().logs()]}).encode()
+    return strict_json.dumps({"runs": [tail.summary for tail in process_runs().logs()]}).encode()
 
 
 def run_answer(run_id: str, since: float | None) -> bytes:
     """The JSON of ``api/runs/<id>``: ``{"run": summary, "records": [records after
     since]}``; NoSuchRun where no run of this process has ``run_id``."""
-    for log in process_runs().logs():
-        if log.summary["id"] == run_id:
-            return json.dumps({"run": log.summary, "records": log.after(since)}).encode()
+    for tail in process_runs().logs():
+        if tail.summary is not None and tail.summary["id"] == run_id:
+            return strict_json.dumps({"run": tail.summary,
+                                      "records": tail.records_after(since)}).encode()
     raise NoSuchRun(f"no run {run_id!r} in this kernel: api/runs lists its runs")

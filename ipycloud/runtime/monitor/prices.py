@@ -203,6 +203,8 @@ def _read_json(origin: str, read: Callable[[], str]) -> Any:
     except json.JSONDecodeError as error:
         raise PriceError(f"{origin}: not valid JSON: {error.msg} at line {error.lineno} "
                          f"column {error.colno}") from None
+    except (ValueError, RecursionError) as error:  # a number too long, nesting too deep
+        raise PriceError(f"{origin}: not valid JSON: {type(error).__name__}") from None
 
 
 def _entries(origin: str, document: Any) -> list[tuple[str, Mapping[str, Any]]]:

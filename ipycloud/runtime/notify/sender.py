@@ -6,8 +6,8 @@ queue is full (a notifier that hangs holds the thread, never the caller).
 
 Each send is bounded by Apprise's own connect and read timeouts (``?cto=`` and ``?rto=``
 in a URL, 4 s each by default). Failures are logged with the URL masked and Apprise's
-reason; the debug lines of Apprise and urllib3 that carry whole URLs are kept out of the
-logs while an alert is sent.
+reason with the URL's secrets scrubbed from it; Apprise's and urllib3's own lines, which
+carry whole URLs and topics, are kept out of the logs (``quieted``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ipycloud.runtime.messages import describe_error, scrub
-from ipycloud.runtime.notify.urls import all_urls, mask
+from ipycloud.runtime.notify.quiet import quieted
+from ipycloud.runtime.notify.urls import all_urls, instantiate, mask, secret_parts
 from ipycloud.runtime.per_process import per_process
 
 __all__ = ["KINDS", "MIN_INTERVAL_S", "Alert", "Notifier", "notifier", "send_now"]
@@ -36,7 +37,6 @@ EXIT_WAIT_S = 5.0  # at interpreter exit, how long alerts still queued may take
 THREAD_NAME = "ipycloud-notify"
 _SEVERITY = {"finished": "success", "failed": "failure", "out_of_memory": "failure",
              "paused": "warning", "deadline": "warning"}  # Apprise's NotifyType values
-_QUIETED_LOGGERS = ("apprise", "urllib3.connectionpool")
 
 _log = logging.getLogger(__name__)
 
@@ -129,14 +129,12 @@ def send_now(alert: Alert, log_failures: bool = True) -> list[tuple[str, str | N
     severity = _SEVERITY.get(alert.kind, "info")
     results = []
     for url in all_urls():
-        _sending.heard = []
-        try:
-            service = apprise.Apprise.instantiate(url)
+        service = instantiate(apprise, url)
+        with quieted() as heard:
             sent = service is not None and bool(
                 service.notify(body=alert.body, title=alert.title, notify_type=severity))
-        finally:
-            heard, _sending.heard = _sending.heard, None
-        problem = None if sent else scrub(heard[0] if heard else "Apprise gave no reason", [url])
+        problem = None if sent else scrub(heard[0] if heard else "Apprise gave no reason",
+                                          secret_parts(url))
         if problem is not None and log_failures:
             _log.warning("ipycloud: the %s alert was not sent to %s: %s", alert.kind,
                          mask(url), problem)
@@ -151,10 +149,6 @@ def _apprise() -> Any:
     except ImportError:
         _warn_missing()
         return None
-    for name in _QUIETED_LOGGERS:
-        logger = logging.getLogger(name)
-        if _QUIET not in logger.filters:
-            logger.addFilter(_QUIET)
     return apprise
 
 
@@ -162,28 +156,6 @@ def _apprise() -> Any:
 def _warn_missing() -> None:
     _log.warning("ipycloud: alerts are configured but Apprise is missing: "
                  "pip install 'ipycloud[notify]'")
-
-
-_sending = threading.local()  # .heard: Apprise's warnings while this thread sends, or None
-
-
-class _OnlyWarningsWhileSending(logging.Filter):
-    """While an alert is sent: drops the debug and info lines (whole URLs, request paths)
-    that Apprise and urllib3 log, and notes the warnings (why a send failed). Lines logged
-    by anything else pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        heard = getattr(_sending, "heard", None)
-        if heard is None:
-            return True
-        if record.levelno < logging.WARNING:
-            return False
-        if record.name == "apprise":  # its warnings name the service and host, no secret
-            heard.append(record.getMessage())
-        return True
-
-
-_QUIET = _OnlyWarningsWhileSending()
 
 
 @per_process(close=Notifier.close)

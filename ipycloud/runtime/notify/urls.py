@@ -3,21 +3,28 @@ those of ``$IPYCLOUD_NOTIFY`` (comma-separated). A URL holds its service's secre
 a password, a private topic): it is written only to that file and shown only masked.
 
 The config folder is ``$IPYCLOUD_CONFIG_DIR``, else the user's (``~/.config/ipycloud``).
+ipycloud makes it with mode 0700; one that is a symbolic link or belongs to another user
+is refused, and one that others can write to is made 0700 before it is used.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.durable import write_bytes_atomically
+from ipycloud.runtime.notify.quiet import quieted
 
 CONFIG_DIR_ENV = "IPYCLOUD_CONFIG_DIR"
 URLS_ENV = "IPYCLOUD_NOTIFY"
 FILE_NAME = "notify.json"
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's
 
 
 def config_file() -> Path:
@@ -32,13 +39,14 @@ def config_file() -> Path:
 
 def saved_urls() -> list[str]:
     """The URLs saved in ``notify.json`` (none without the file); ValueError (one line) for
-    a file that is not what ipycloud writes."""
+    a file that is not what ipycloud writes, or a config folder refused (``private_folder``)."""
     path = config_file()
+    private_folder(path.parent)
     try:
         content = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # JSON nested too deep: Recursion...
         raise ValueError(f"cannot read {path}: {type(error).__name__}: fix or delete it") from None
     urls = content.get("urls") if isinstance(content, dict) else None
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):
@@ -102,17 +110,27 @@ def list_urls() -> list[str]:
 def check_url(url: str) -> None:
     """ValueError (one line) unless Apprise can send to ``url``."""
     apprise = require("apprise", "notify")
-    if not url or apprise.Apprise.instantiate(url) is None:
+    if instantiate(apprise, url) is None:
         shown = mask(url) if "://" in url else "the text given"
         raise ValueError(f"{shown} is not a URL Apprise can send to: see "
                          "https://github.com/caronc/apprise/wiki for each service's form")
+
+
+def instantiate(apprise: Any, url: str) -> Any:
+    """Apprise's service for ``url``, None where Apprise cannot read it (some malformed URLs
+    make it raise rather than answer None), with its logs kept in."""
+    with quieted():
+        try:
+            return apprise.Apprise.instantiate(url) if url else None
+        except Exception:
+            return None
 
 
 def mask(url: str) -> str:
     """``url`` without its secrets: the scheme, the host when it is a host name or an
     address (not a token in its place), then ``…``: ``ntfy://ntfy.sh/…``, ``tgram://…``."""
     scheme, separator, rest = url.strip().partition("://")
-    if not separator:  # not a URL: at most what stands before a colon
+    if not separator or not _SCHEME.fullmatch(scheme):  # at most a scheme before a colon
         head, colon, _ = url.strip().partition(":")
         return f"{head}:…" if colon and head.isalpha() else "…"
     try:
@@ -125,6 +143,42 @@ def mask(url: str) -> str:
     return f"{scheme}://{host}{f':{port}' if port else ''}/…"
 
 
+def secret_parts(url: str) -> list[str]:
+    """Every part of ``url`` that may be a secret, as written and decoded: the URL, its
+    user and password, each segment of its path, each value of its query, and its host
+    when that is not a host name (a token in its place)."""
+    rest = url.strip().partition("://")[2]
+    try:
+        parts = urllib.parse.urlsplit(f"x://{rest}")
+        user, password, host = parts.username, parts.password, parts.hostname or ""
+    except ValueError:  # not a URL urllib reads: the whole of it is the secret
+        return [url, rest]
+    found = [url, rest, user or "", password or "", *parts.path.split("/"),
+             *(value for _, value in urllib.parse.parse_qsl(parts.query))]
+    if not _looks_like_host(host):
+        found.append(parts.netloc)
+    return list(dict.fromkeys(text for part in found if part
+                              for text in (part, urllib.parse.unquote(part))))
+
+
+def private_folder(folder: Path) -> None:
+    """Refuse (ValueError, one line) a config folder that is a symbolic link, not a folder,
+    or another user's; make one that others can write to 0700. Nothing when it is missing."""
+    try:
+        info = folder.lstat()
+    except FileNotFoundError:
+        return
+    why = ("is a symbolic link" if stat.S_ISLNK(info.st_mode)
+           else "is not a folder" if not stat.S_ISDIR(info.st_mode)
+           else "belongs to another user" if info.st_uid != os.geteuid()
+           else None)
+    if why is not None:
+        raise ValueError(f"{folder} {why}: ipycloud keeps alert URLs only in a folder of "
+                         f"yours (see ${CONFIG_DIR_ENV})")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        folder.chmod(0o700)
+
+
 def _looks_like_host(host: str) -> bool:
     """A name with a dot (``ntfy.sh``, ``127.0.0.1``) or ``localhost``: a token rarely is."""
     return host == "localhost" or ("." in host and not host.startswith("."))
@@ -133,5 +187,6 @@ def _looks_like_host(host: str) -> bool:
 def _write(urls: list[str]) -> None:
     path = config_file()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_folder(path.parent)
     data = json.dumps({"urls": urls}, indent=2).encode() + b"\n"
     write_bytes_atomically(path, data, mode=0o600)

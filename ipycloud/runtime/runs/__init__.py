@@ -3,7 +3,8 @@ summaries (status, progress, ETA, best metric) by the Python API, the terminal, 
 page and the Jupyter server.
 
 ``records`` (where logs lie, their lines, the index of runs), ``summary`` (a run from its
-lines), ``reading`` (``runs`` and ``read_run``), ``table`` (runs as a table), ``best`` (the
+lines, in bounded memory), ``log_reader`` (a log read as it grows, whoever wrote it),
+``reading`` (``runs`` and ``read_run``), ``table`` (runs as a table), ``best`` (the
 best epoch by a metric); ``following`` (logs followed by the fronts that poll them),
 ``watch`` (one run's log looked at as it grows) and ``follow`` (a run followed until it
 ends, wherever it trains, shown by a view); the writing side: ``appender`` (lines appended

@@ -20,7 +20,6 @@ import itertools
 import os
 import queue
 import threading
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -58,6 +57,7 @@ class Appender:
         # a mount went away, when the bare folder below it would pass for the folder
         self._mount = mount_point(path.parent)
         self._wake = threading.Event()  # write now
+        self._written = threading.Condition()  # notified after each round of writes
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         _OPEN.add(self)
@@ -81,10 +81,10 @@ class Appender:
         """Wait up to ``timeout`` seconds for what is queued to be written; whether it is.
         Returns at once while the file fails."""
         wanted = self._queued
-        self._wake.set()
-        deadline = time.monotonic() + timeout
-        while self._done < wanted and self.failure is None and time.monotonic() < deadline:
-            time.sleep(0.002)
+        with self._written:
+            self._wake.set()
+            self._written.wait_for(lambda: self._done >= wanted or self.failure is not None,
+                                   timeout)
         return self._done >= wanted
 
     def close(self) -> None:
@@ -103,6 +103,8 @@ class Appender:
             self._wake.clear()
             closing = self._take() or closing
             self._write()
+            with self._written:
+                self._written.notify_all()
         self._close_file()
 
     def _take(self) -> bool:

@@ -1,9 +1,10 @@
 """A run of ``fit`` followed from its record until it ends, wherever it trains: the record
 is looked at every INTERVAL_S seconds (only what was appended is read) and each look is
 shown by a view: a notebook front's live curves, or ``TextView``'s progress lines. A look
-sums the whole run up again, which takes longer as the record grows (some 60 ms at a
-hundred thousand lines): the looks are spaced so that following takes at most BUSY_SHARE
-of a core, every few seconds for a run that long.
+parses what was appended into a summary of bounded size (``log_reader``), so following
+holds the same memory however long the log grows; a look that has much to parse (a log
+growing by tens of thousands of lines a second) spaces the next, so that following takes
+at most BUSY_SHARE of a core.
 
 Following names the run in the user's index of runs as followed by this process, so the
 fronts that list this machine's runs (``runs()``, the Jupyter server of this kernel) list
@@ -77,7 +78,7 @@ def _follow(watch: RunWatch, view: View, interval: float, sleep: Callable[[float
         elif failure is not None and watch.failure is None:
             view.say(f"reading {watch.log} again")
         failure = watch.failure
-        if watch.lines:
+        if watch.read_any:
             if not noted:
                 _note_follower(watch)
                 noted = True

@@ -4,12 +4,18 @@ followed here."""
 from __future__ import annotations
 
 import os
+import threading
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs.log_reader import LogReader
 from ipycloud.runtime.runs.summary import RunSummary, summarize
+
+CACHED_LOGS = 16  # logs whose readers are kept (the last read): read again, they parse
+# only what was appended
 
 
 class UnknownRunError(LookupError):
@@ -21,9 +27,11 @@ def runs(folder: str | os.PathLike[str] | None = None) -> list[RunSummary]:
     no folder, every run started on this machine by this user, or followed from it with
     ``follow`` (the index).
 
-    ``folder`` may also be a folder of logs (``.ipycloud-runs``). A log that cannot be
-    read is left out with a warning; a damaged line of one is skipped with a warning.
-    Raises NotADirectoryError (FileNotFoundError) for a ``folder`` that is not one.
+    ``folder`` may also be a folder of logs (``.ipycloud-runs``), or a folder with neither
+    whose subfolders hold runs (``records.find_logs``). A log that cannot be read (or is
+    a symlink, a FIFO) is left out with a warning; a damaged line of one is skipped with
+    a warning, once. Raises NotADirectoryError (FileNotFoundError) for a ``folder`` that
+    is not one.
     """
     if folder is None:
         logs = [path for path in map(_indexed_log, _index_entries()) if path is not None]
@@ -74,13 +82,22 @@ def _log_of(path_or_id: str | os.PathLike[str]) -> Path:
 
 
 def _summary(log: Path) -> RunSummary | None:
+    with _readers_lock:
+        reader = _readers.pop(log, None) or LogReader(log)
+        _readers[log] = reader
+        while len(_readers) > CACHED_LOGS:
+            _readers.popitem(last=False)
     try:
-        lines = records.read_records(log)
+        reader.read(torn_tail=True)
     except OSError as error:
         warnings.warn(f"run log {log} cannot be read ({error.strerror or error}); left out",
                       records.RunRecordWarning, stacklevel=3)
         return None
-    return summarize(log, lines)
+    return reader.summary()
+
+
+_readers: OrderedDict[Path, LogReader] = OrderedDict()
+_readers_lock = threading.Lock()
 
 
 def _index_entries() -> list[dict[str, Any]]:
@@ -94,8 +111,8 @@ def _index_entries() -> list[dict[str, Any]]:
 def _indexed_log(entry: dict[str, Any]) -> Path | None:
     """The log an index entry names, where it is there (a log on storage not mounted now
     is not)."""
-    path = Path(entry["log"])
+    path = Path(os.path.abspath(entry["log"]))
     try:
         return path if path.is_file() else None
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the name
         return None

@@ -13,25 +13,39 @@ folder).
 
 from __future__ import annotations
 
+import itertools
 import json
-import math
 import os
 import re
-import threading
 import warnings
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.durable import write_bytes_atomically
+from ipycloud.runtime.untrusted import (
+    is_count,
+    is_unix_time,
+    load_json,
+    open_regular,
+    read_small,
+    strict,
+)
 
 RECORD_FOLDER = ".ipycloud-runs"
 SUFFIX = ".jsonl"
 START, STEP, EPOCH, CHECKPOINT, EVENT, END = "start", "step", "epoch", "checkpoint", "event", "end"
 KINDS = (START, STEP, EPOCH, CHECKPOINT, EVENT, END)
 RUN_ID = re.compile(r"[0-9a-f]{12}")
-CACHED_LOGS = 64  # logs whose lines read are kept, the last read
+MAX_LINE_BYTES = 1 << 20  # a longer line is no record: skipped, never held whole
+CHUNK_BYTES = 1 << 20  # read at a time
+MAX_WARNINGS = 10  # damaged lines told for one log, the first ones
+MAX_TEXT = 1000  # characters of a record's text kept (and of a field's name)
+MAX_FIELDS = 64  # fields of an object, items of a list, kept
+MAX_NESTING = 3  # objects and lists within a record, kept that deep
+MAX_INDEX_ENTRY = 64 * 1024  # bytes of an entry of the index of runs, at most
+SEARCH_DEPTH = 4  # folders below a folder without logs that ``find_logs`` looks in
+SEARCH_FOLDERS = 2000  # and the folders it reads at most
 MAX_FOLLOWERS = 8  # processes an index entry names as following its run, the last ones
 # The fields each kind needs, with their types; a line without them is not a record.
 _NEEDED: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -76,10 +90,20 @@ def read_index_entry(path: Path) -> dict[str, Any] | None:
     """An entry of the user's index of runs, which names its log; None where it is missing
     or not one."""
     try:
-        entry = json.loads(path.read_bytes())
+        return parse_index_entry(read_small(path, MAX_INDEX_ENTRY))
     except (OSError, ValueError):
         return None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("log"), str) else None
+
+
+def parse_index_entry(data: bytes) -> dict[str, Any] | None:
+    """The entry of the index a file holding ``data`` is; None where it is not one (not a
+    JSON object naming its log as a path)."""
+    try:
+        entry = load_json(data)
+    except ValueError:
+        return None
+    log = entry.get("log") if isinstance(entry, dict) else None
+    return entry if isinstance(log, str) and log and "\0" not in log else None
 
 
 def write_index_entry(run: str, entry: dict[str, Any]) -> None:
@@ -124,91 +148,162 @@ def _write_entry(path: Path, entry: dict[str, Any]) -> None:
 
 def logs_in(folder: Path) -> list[Path]:
     """The run logs of a checkpoint folder (or of a folder of logs), as absolute paths,
-    unsorted; raises the OSError of a folder that cannot be read."""
+    unsorted: regular files, never symlinks. A folder with neither finds those of the
+    ``.ipycloud-runs`` folders in its subfolders (``find_logs``). Raises the OSError of a
+    folder that cannot be read."""
     folder = Path(os.path.abspath(folder))
     inner = folder / RECORD_FOLDER
-    where = inner if inner.is_dir() else folder
-    return [path for path in where.iterdir()
-            if path.suffix == SUFFIX and RUN_ID.fullmatch(path.stem) and path.is_file()]
+    found = _logs_of(inner if inner.is_dir() and not inner.is_symlink() else folder)
+    return found or find_logs(folder)
+
+
+def _logs_of(folder: Path) -> list[Path]:
+    with os.scandir(folder) as entries:
+        return [Path(entry.path) for entry in entries
+                if entry.name.endswith(SUFFIX) and RUN_ID.fullmatch(entry.name[:-len(SUFFIX)])
+                and entry.is_file(follow_symlinks=False)]
+
+
+def find_logs(root: Path, depth: int = SEARCH_DEPTH, most: int = SEARCH_FOLDERS) -> list[Path]:
+    """The logs in the ``.ipycloud-runs`` folders under ``root``, found breadth first down
+    to ``depth`` folders below it, reading ``most`` folders at most; hidden folders and
+    links are passed by (no loop), and a folder that cannot be read is left out."""
+    logs: list[Path] = []
+    pending = deque([(root, 0)])
+    read = 0
+    while pending and read < most:
+        folder, below = pending.popleft()
+        read += 1
+        try:
+            with os.scandir(folder) as entries:
+                folders = [entry for entry in entries if entry.is_dir(follow_symlinks=False)]
+            for entry in folders:
+                if entry.name == RECORD_FOLDER:
+                    logs.extend(_logs_of(Path(entry.path)))
+                elif below < depth and not entry.name.startswith("."):
+                    pending.append((Path(entry.path), below + 1))
+        except OSError:  # permissions, a mount gone
+            continue
+    return logs
 
 
 def read_records(path: Path, torn_tail: bool = True) -> list[dict[str, Any]]:
-    """The records of the log at ``path``, in order. A damaged line (a torn last line of a
-    process killed as it wrote, a corrupt one) is skipped with a RunRecordWarning; raises
-    only the OSError of a file that cannot be read.
-
-    The whole lines read are kept (for the last CACHED_LOGS logs read): reading a log
-    again parses only what was appended since, so following a long run costs little.
-    ``torn_tail=False`` leaves out a last line without its newline, without a warning: a
-    reader that follows a live run sees the line the writer is still writing as such.
-    """
-    with open(path, "rb") as file:
-        status = os.fstat(file.fileno())
-        identity = (status.st_dev, status.st_ino)
-        with _cache_lock:
-            known = _cache.get(path)
-        if known is None or known.identity != identity or status.st_size < known.offset:
-            known = _Read(identity)  # new, replaced or cut: read afresh
-        file.seek(known.offset)
-        data = file.read()
-    whole, newline, tail = data.rpartition(b"\n")
-    lines = whole.split(b"\n") if newline else []
-    read = _Read(identity, known.offset + len(whole) + len(newline), known.lines + len(lines),
-                 known.records + _parsed(path, lines, known.lines))
-    with _cache_lock:
-        _cache[path] = read
-        _cache.move_to_end(path)
-        while len(_cache) > CACHED_LOGS:
-            _cache.popitem(last=False)
-    last = (_parsed(path, [tail], read.lines, cut_short=True)
-            if torn_tail and tail.strip() else [])
-    return read.records + last
+    """Every record of the log at ``path``, in order (``log_reader.LogReader`` reads a log
+    as it grows, in bounded memory). A damaged line is skipped with a RunRecordWarning (at
+    most MAX_WARNINGS of them), and so is a last line without its newline (a torn one:
+    ``torn_tail=False`` leaves it out without a word, for a log a writer still writes).
+    Raises only the OSError of a file that cannot be read or is not a regular file (a
+    symlink, a FIFO)."""
+    lines = Lines(path)
+    found: list[dict[str, Any]] = []
+    fd = open_regular(path)
+    try:
+        while chunk := os.read(fd, CHUNK_BYTES):
+            found.extend(lines.feed(chunk))
+    finally:
+        os.close(fd)
+    if torn_tail:
+        lines.end()
+    return found
 
 
-@dataclass(frozen=True)
-class _Read:
-    """What was read of one log: its whole lines, up to ``offset``."""
+class Lines:
+    """The records on the lines of one log, fed to it in chunks of bytes as they are
+    read: a line longer than MAX_LINE_BYTES is never held whole, and each damaged line is
+    told once with a RunRecordWarning, MAX_WARNINGS at most for the log."""
 
-    identity: tuple[int, int]  # the file's device and inode
-    offset: int = 0
-    lines: int = 0
-    records: list[dict[str, Any]] = field(default_factory=list)
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.number = 0  # of whole lines taken
+        self.damaged = 0  # lines that were not records
+        self._tail = bytearray()  # the start of the next line
+        self._too_long = False  # the next line is over MAX_LINE_BYTES: skip to its end
+        self._told_tail: int | None = None  # the line whose missing newline was told
 
+    def feed(self, chunk: bytes) -> list[dict[str, Any]]:
+        """The records of the lines ``chunk`` completes."""
+        pieces = chunk.split(b"\n")
+        found = []
+        for index, piece in enumerate(pieces):
+            if index == len(pieces) - 1:
+                self._keep(piece)
+                break
+            self.number += 1
+            if self._too_long or len(self._tail) + len(piece) > MAX_LINE_BYTES:
+                self._too_long = False
+                self._tail.clear()
+                self._damaged(f"line {self.number} is over {MAX_LINE_BYTES:,} bytes")
+                continue
+            line = bytes(self._tail + piece) if self._tail else piece
+            self._tail.clear()
+            if not line.strip():
+                continue
+            record = parse_record(line)
+            if record is None:
+                self._damaged(f"line {self.number} is not a record")
+            else:
+                found.append(record)
+        return found
 
-_cache: OrderedDict[Path, _Read] = OrderedDict()
-_cache_lock = threading.Lock()
+    def _keep(self, piece: bytes) -> None:
+        if self._too_long:
+            return
+        if len(self._tail) + len(piece) > MAX_LINE_BYTES:
+            self._too_long = True
+            self._tail.clear()
+        else:
+            self._tail += piece
 
+    def end(self) -> None:
+        """Tell, once, of a last line without its newline (cut short by a kill): not read."""
+        pending = self._too_long or bool(self._tail.strip())
+        if pending and self._told_tail != self.number:
+            self._told_tail = self.number
+            self._damaged("its last line, cut short, is not a record")
 
-def _parsed(path: Path, lines: list[bytes], before: int,
-            cut_short: bool = False) -> list[dict[str, Any]]:
-    """The records on ``lines`` (the first is line ``before + 1``), each damaged one
-    skipped with a warning."""
-    records = []
-    for number, line in enumerate(lines, start=before + 1):
-        record = parse_record(line) if line.strip() else None
-        if record is not None:
-            records.append(record)
-        elif line.strip():
-            where = "its last line, cut short," if cut_short else f"line {number}"
-            warnings.warn(f"run log {path}: {where} is not a record; skipped", RunRecordWarning,
-                          stacklevel=3)
-    return records
+    def _damaged(self, what: str) -> None:
+        self.damaged += 1
+        if self.damaged <= MAX_WARNINGS:
+            more = (" (the log's further damaged lines are skipped without a word)"
+                    if self.damaged == MAX_WARNINGS else "")
+            warnings.warn(f"run log {self.path}: {what}; skipped{more}", RunRecordWarning,
+                          stacklevel=4)
 
 
 def parse_record(line: bytes) -> dict[str, Any] | None:
-    """The record on ``line``, or None where it is not one."""
+    """The record on ``line``, or None where it is not one: not a JSON object of at most
+    MAX_LINE_BYTES, nested at most ``untrusted.MAX_DEPTH`` deep, whose ``t`` is a Unix time,
+    ``kind`` one of KINDS and fields of its kind those it needs (``step`` and ``epoch``
+    counts). Its values are bounded: text cut to MAX_TEXT characters, at most MAX_FIELDS
+    fields of an object and MAX_FIELDS items of a list, nested at most MAX_NESTING deep,
+    non-finite numbers None."""
+    if len(line) > MAX_LINE_BYTES:
+        return None
     try:
-        record = json.loads(line)
+        record = load_json(line)
     except ValueError:
         return None
-    if (not isinstance(record, dict) or not isinstance(record.get("t"), int | float)
+    if (not isinstance(record, dict) or not is_unix_time(record.get("t"))
             or record.get("kind") not in KINDS):
         return None
     for name, kind in _NEEDED.get(record["kind"], {}).items():
         value = record.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):
+        if not (is_count(value) if kind is int else isinstance(value, kind)):
             return None
-    return record
+    return record if len(line) <= MAX_TEXT else _bounded(record, 0)  # short: bounded as is
+
+
+def _bounded(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    if isinstance(value, dict):
+        return None if depth >= MAX_NESTING else {
+            key[:MAX_TEXT]: _bounded(item, depth + 1)
+            for key, item in itertools.islice(value.items(), MAX_FIELDS)}
+    if isinstance(value, list):
+        return None if depth >= MAX_NESTING else [
+            _bounded(item, depth + 1) for item in value[:MAX_FIELDS]]
+    return value
 
 
 def encode(record: dict[str, Any]) -> bytes:
@@ -217,7 +312,7 @@ def encode(record: dict[str, Any]) -> bytes:
     try:
         text = json.dumps(record, separators=(",", ":"), allow_nan=False, default=_plain)
     except ValueError:  # an infinite or NaN metric
-        text = json.dumps(_finite(record), separators=(",", ":"), allow_nan=False,
+        text = json.dumps(strict(record), separators=(",", ":"), allow_nan=False,
                           default=_plain)
     return text.encode() + b"\n"
 
@@ -226,16 +321,6 @@ def _plain(value: Any) -> Any:
     """A value JSON does not know as a float (a NumPy scalar, a 0-d tensor: None where it
     is NaN or infinite) or text."""
     try:
-        return _finite(float(value))
+        return strict(float(value))
     except (TypeError, ValueError):
         return str(value)
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(item) for item in value]
-    return value

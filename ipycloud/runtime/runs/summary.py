@@ -14,9 +14,11 @@ failed, paused or lost while its log is less than STALE_S old: the next start co
 
 from __future__ import annotations
 
-import itertools
+import math
 import socket
 import time
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,8 @@ from typing import Any
 from ipycloud.runtime.checkpoint.runs import process_alive
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.best import best_epoch
-from ipycloud.runtime.units import format_duration
+from ipycloud.runtime.units import format_duration, format_rate
+from ipycloud.runtime.untrusted import is_count, is_unix_time, strict
 
 RUNNING, RESTARTING, LOST = "running", "restarting", "lost"  # besides those of an end (RunEnd's)
 LIVE = (RUNNING, RESTARTING)  # statuses of a run that may still move
@@ -32,6 +35,11 @@ RESTARTABLE = ("failed", "paused")  # the ends torchrun restarts a process after
 STALE_S = 600.0  # a run on another machine whose log is this old is lost
 STALE_GAPS = 3  # ... or this many times its longest wait between lines, where longer
 RATE_ROWS = 6  # the recent step rows the speed is measured over
+MAX_STEP_ROWS = 2000  # step rows a summary keeps for the curves, at most
+MAX_EPOCH_ROWS = 2000  # and epoch rows
+KEPT_NOTES = 50  # events and checkpoints a summary keeps, the last ones
+ROW_FIELDS = 48  # fields of a record a summary keeps, the first plain ones
+ROW_TEXT = 200  # characters of a text field kept
 
 
 @dataclass
@@ -58,6 +66,8 @@ class RunSummary:
     epochs: list[dict[str, Any]] = field(default_factory=list, repr=False)
     events: list[dict[str, Any]] = field(default_factory=list, repr=False)
     checkpoints: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    event_count: int = 0  # events recorded (``events`` holds the last KEPT_NOTES)
+    checkpoint_count: int = 0
 
     @property
     def host(self) -> str | None:
@@ -76,7 +86,7 @@ class RunSummary:
         ``checkpoints`` are counts (the records themselves come with ``read_run``),
         ``remote`` says whether ``host`` is another machine than the reader's."""
         start = self.start
-        return {"id": self.id, "status": self.status, "notebook": start.get("notebook"),
+        return strict({"id": self.id, "status": self.status, "notebook": start.get("notebook"),
                 "host": self.host, "remote": self.remote, "pid": start.get("pid"),
                 "kernel": start.get("kernel"), "folder": start.get("folder"),
                 "log": str(self.log), "started": self.started, "updated": self.updated,
@@ -85,72 +95,208 @@ class RunSummary:
                 "eta_s": _rounded(self.eta_s, 1),
                 "session_left_s": _rounded(self.session_left_s, 1),
                 "last_loss": self.last_loss, "best": self.best, "reason": self.reason,
-                "events": len(self.events), "checkpoints": len(self.checkpoints),
-                "device": start.get("device"), "model": start.get("model")}
+                "events": self.event_count, "checkpoints": self.checkpoint_count,
+                "device": start.get("device"), "model": start.get("model")})
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(f"run {self.id}: {progress_line(self)}")
 
 
-def summarize(log: Path, lines: list[dict[str, Any]], now: float | None = None) -> RunSummary:
+def summarize(log: Path, lines: Iterable[dict[str, Any]],
+              now: float | None = None) -> RunSummary:
     """The summary of the run whose log at ``log`` holds ``lines`` (``now``: the time to
     judge a live run by; default the clock)."""
-    now = time.time() if now is None else now
-    first: dict[str, Any] | None = None
-    start: dict[str, Any] = {}
-    end: dict[str, Any] | None = None
-    newest = 0  # where the newest start is among the lines
-    kept: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (
-        records.STEP, records.EPOCH, records.EVENT, records.CHECKPOINT)}
-    for index, line in enumerate(lines):
-        kind = line["kind"]
+    state = RunState()
+    for line in lines:
+        state.add(line)
+    return state.summary(log, now)
+
+
+class RunState:
+    """A run summed up one record at a time (``add``), holding only what its summary and
+    curves need, however long the log: the newest start, the end, the last RATE_ROWS step
+    rows of the newest start, and at most MAX_STEP_ROWS step rows and MAX_EPOCH_ROWS epoch
+    rows for the curves (each halved, every other one dropped, the newest kept, when full),
+    the last KEPT_NOTES events and checkpoints (and their counts), each row of plain
+    values only (at most ROW_FIELDS)."""
+
+    def __init__(self) -> None:
+        self.count = 0  # records added
+        self.first_t: float | None = None  # the first start's time
+        self.updated: float | None = None  # the last record's time
+        self.start: dict[str, Any] = {}  # the newest
+        self.end: dict[str, Any] | None = None  # after the newest start
+        self.steps = _Rows(MAX_STEP_ROWS)
+        self.epochs = _Rows(MAX_EPOCH_ROWS)
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RATE_ROWS)  # of the newest start
+        self.epoch = 0  # epochs done, as the newest start and what came after it say
+        self.longest_gap = 0.0  # between two lines since the newest start
+        self.events: deque[dict[str, Any]] = deque(maxlen=KEPT_NOTES)
+        self.checkpoints: deque[dict[str, Any]] = deque(maxlen=KEPT_NOTES)
+        self.event_count = self.checkpoint_count = 0
+
+    def add(self, line: dict[str, Any]) -> None:
+        """Take in one record (as ``records.parse_record`` gives it)."""
+        kind, t = line["kind"], line["t"]
+        if self.start and self.updated is not None:
+            self.longest_gap = max(self.longest_gap, t - self.updated)
+        self.count += 1
+        self.updated = t
         if kind == records.START:
-            first, start, end, newest = first or line, line, None, index
-            kept[records.STEP] = [row for row in kept[records.STEP]
-                                  if row["step"] <= line["step"]]
-            kept[records.EPOCH] = [logs for logs in kept[records.EPOCH]
-                                   if logs["epoch"] < line["epoch"]]
+            self._start(line)
         elif kind == records.END:
-            end = line
+            self.end = line
+        elif kind == records.STEP:
+            row = plain_row(line)
+            self.steps.add(row)
+            if row["step"] > self.start.get("step", -1):
+                self.recent.append(row)
+                if is_count(row.get("epoch")):
+                    self.epoch = max(self.epoch, row["epoch"])
+        elif kind == records.EPOCH:
+            self.epochs.add(plain_row(line))
+            self.epoch = max(self.epoch, line["epoch"] + 1)
+        elif kind == records.EVENT:
+            self.events.append(plain_row(line))
+            self.event_count += 1
         else:
-            kept[kind].append(line)
-    steps, epochs = kept[records.STEP], kept[records.EPOCH]
-    since_start = [row for row in steps if row["step"] > start.get("step", -1)]
-    status = (_ended_status(start, end, now) if end is not None
-              else _live_status(start, lines[newest:], now))
-    step, epoch = _position(start, since_start, epochs, end)
-    speed = _speed(since_start)
-    total_steps = start.get("total_steps")
-    running = status == RUNNING
-    left = start.get("session_left_s")
-    return RunSummary(
-        id=log.stem, status=status, log=log,
-        started=first["t"] if first else None, updated=lines[-1]["t"] if lines else None,
-        step=step, epoch=epoch, total_steps=total_steps, total_epochs=start.get("epochs"),
-        steps_per_s=speed,
-        eta_s=max(0.0, (total_steps - step) / speed)
-        if running and speed and isinstance(total_steps, int) else None,
-        session_left_s=left - (now - start["t"])
-        if running and isinstance(left, int | float) else None,
-        last_loss=steps[-1].get("loss") if steps else None,
-        best=_best(start, epochs, end), reason=end.get("reason") if end else None,
-        start=start, steps=steps, epochs=epochs, events=kept[records.EVENT],
-        checkpoints=kept[records.CHECKPOINT])
+            self.checkpoints.append(plain_row(line))
+            self.checkpoint_count += 1
+
+    def _start(self, line: dict[str, Any]) -> None:
+        """A call of ``fit`` began (a resume redoes the steps and epochs after its own)."""
+        self.first_t = line["t"] if self.first_t is None else self.first_t
+        self.start, self.end = line, None
+        self.steps.keep(lambda row: row["step"] <= line["step"])
+        self.epochs.keep(lambda logs: logs["epoch"] < line["epoch"])
+        self.recent.clear()
+        self.epoch, self.longest_gap = line["epoch"], 0.0
+
+    def summary(self, log: Path, now: float | None = None) -> RunSummary:
+        """The run's summary (``now``: the time to judge a live run by; default the
+        clock)."""
+        now = time.time() if now is None else now
+        start, end, steps = self.start, self.end, self.steps.rows
+        status = _ended_status(start, end, now) if end is not None else self._live_status(now)
+        step, epoch = self._position()
+        speed = _speed(list(self.recent))
+        total_steps = _count(start.get("total_steps"))
+        running = status == RUNNING
+        left = start.get("session_left_s")
+        eta = (total_steps - step) / speed if running and speed and total_steps else None
+        reason = end.get("reason") if end else None
+        return RunSummary(
+            id=log.stem, status=status, log=log, started=self.first_t, updated=self.updated,
+            step=step, epoch=epoch, total_steps=total_steps,
+            total_epochs=_count(start.get("epochs")), steps_per_s=speed,
+            eta_s=max(0.0, eta) if eta is not None and math.isfinite(eta) else None,
+            session_left_s=left - (now - start["t"])
+            if running and isinstance(left, int | float) else None,
+            last_loss=_number(steps[-1].get("loss")) if steps else None,
+            best=self._best(), reason=reason if isinstance(reason, str) else None,
+            start=start, steps=list(steps), epochs=list(self.epochs.rows),
+            events=list(self.events), checkpoints=list(self.checkpoints),
+            event_count=self.event_count, checkpoint_count=self.checkpoint_count)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The records kept: the newest start, the step and epoch rows, the last events
+        and checkpoints, the end; in time order."""
+        kept = [*([self.start] if self.start else []), *self.steps.rows, *self.epochs.rows,
+                *self.events, *self.checkpoints, *([self.end] if self.end else [])]
+        return sorted(kept, key=lambda record: record["t"])
+
+    def _live_status(self, now: float) -> str:
+        """A run without an end after its newest start: running while its process lives,
+        else restarting or lost."""
+        start = self.start
+        pid, host = _count(start.get("pid")), start.get("host")
+        if pid is None or not isinstance(host, str) or self.updated is None:
+            return LOST
+        quiet = now - self.updated  # how long nothing was written
+        if host != socket.gethostname():
+            return RUNNING if quiet < max(STALE_S, STALE_GAPS * self.longest_gap) else LOST
+        started = start.get("process_started")
+        if process_alive(pid, host, started if is_unix_time(started) else None):
+            return RUNNING
+        return RESTARTING if _restarts_left(start) and quiet < STALE_S else LOST
+
+    def _position(self) -> tuple[int, int]:
+        """The step and epoch (epochs done) the run reached."""
+        end = self.end
+        if end is not None and is_count(end.get("step")) and is_count(end.get("epoch")):
+            return end["step"], end["epoch"]
+        step = self.recent[-1]["step"] if self.recent else self.start.get("step", 0)
+        return step, self.epoch
+
+    def _best(self) -> dict[str, Any] | None:
+        """The end's best; before the end, the best epoch so far by the metric the run
+        watches."""
+        if self.end is not None and "best" in self.end:
+            best = self.end["best"]
+            return best if isinstance(best, dict) else None
+        watch = self.start.get("watch")
+        if not isinstance(watch, dict):
+            return None
+        return best_epoch(self.epochs.rows, str(watch.get("metric")), str(watch.get("mode")))
 
 
-def _live_status(start: dict[str, Any], written: list[dict[str, Any]], now: float) -> str:
-    """A run without an end, whose newest start and the lines after it are ``written``:
-    running while its process lives, else restarting or lost."""
-    pid, host = start.get("pid"), start.get("host")
-    if not isinstance(pid, int) or not isinstance(host, str):
-        return LOST
-    quiet = now - written[-1]["t"]  # how long nothing was written
-    if host != socket.gethostname():
-        return RUNNING if quiet < _stale_after(written) else LOST
-    started = start.get("process_started")
-    if process_alive(pid, host, started if isinstance(started, int | float) else None):
-        return RUNNING
-    return RESTARTING if _restarts_left(start) and quiet < STALE_S else LOST
+class _Rows:
+    """At most ``most`` rows, in order, evenly spread over those added: when full, every
+    other one is dropped and from then on only every ``stride``-th row added is kept; the
+    newest row is always there."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self._kept: list[dict[str, Any]] = []
+        self._newest: dict[str, Any] | None = None  # the newest, where not kept
+        self._stride = 1
+        self._since = 0  # rows added since the last one kept
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self._kept if self._newest is None else [*self._kept, self._newest]
+
+    def add(self, row: dict[str, Any]) -> None:
+        self._since += 1
+        if self._since < self._stride:
+            self._newest = row
+            return
+        self._kept.append(row)
+        self._newest, self._since = None, 0
+        if len(self._kept) >= self.most:
+            self._kept, self._stride = self._kept[::2], self._stride * 2
+
+    def keep(self, wanted: Callable[[dict[str, Any]], bool]) -> None:
+        """Keep only the ``wanted`` rows."""
+        self._kept = [row for row in self._kept if wanted(row)]
+        if self._newest is not None and not wanted(self._newest):
+            self._newest = None
+
+
+def plain_row(line: dict[str, Any]) -> dict[str, Any]:
+    """What a summary keeps of a record: its time, kind, step and epoch, and its first
+    other fields of plain values (numbers, text of at most ROW_TEXT characters, true or
+    false, null), ROW_FIELDS in all."""
+    row = {key: line[key] for key in _ROW_FIRST if key in line}
+    for key, value in line.items():
+        if isinstance(value, str):
+            row[key] = value[:ROW_TEXT]
+        elif value is None or isinstance(value, int | float):
+            row[key] = value
+        if len(row) == ROW_FIELDS:
+            break
+    return row
+
+
+_ROW_FIRST = ("t", "kind", "step", "epoch")
+
+
+def _count(value: Any) -> int | None:
+    return value if is_count(value) else None
+
+
+def _number(value: Any) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _ended_status(start: dict[str, Any], end: dict[str, Any], now: float) -> str:
@@ -159,13 +305,6 @@ def _ended_status(start: dict[str, Any], end: dict[str, Any], now: float) -> str
     if end["status"] in RESTARTABLE and _restarts_left(start) and now - end["t"] < STALE_S:
         return RESTARTING
     return str(end["status"])
-
-
-def _stale_after(written: list[dict[str, Any]]) -> float:
-    """How long a writer on another machine may write nothing before its run is lost:
-    STALE_S, or STALE_GAPS times its longest wait between two lines where longer."""
-    gaps = [later["t"] - earlier["t"] for earlier, later in itertools.pairwise(written)]
-    return max([STALE_S, *(STALE_GAPS * gap for gap in gaps)])
 
 
 def _restarts_left(start: dict[str, Any]) -> bool:
@@ -177,17 +316,6 @@ def _restarts_left(start: dict[str, Any]) -> bool:
     return isinstance(count, int) and isinstance(most, int) and count < most
 
 
-def _position(start: dict[str, Any], since_start: list[dict[str, Any]],
-              epochs: list[dict[str, Any]], end: dict[str, Any] | None) -> tuple[int, int]:
-    """The step and epoch (epochs done) the run reached."""
-    if end is not None and isinstance(end.get("step"), int) and isinstance(end.get("epoch"), int):
-        return end["step"], end["epoch"]
-    step = since_start[-1]["step"] if since_start else start.get("step", 0)
-    epoch = max([start.get("epoch", 0)] + [logs["epoch"] + 1 for logs in epochs]
-                + [row["epoch"] for row in since_start if isinstance(row.get("epoch"), int)])
-    return step, epoch
-
-
 def _speed(rows: list[dict[str, Any]]) -> float | None:
     """Optimizer steps a second over the recent rows of this start (the time between rows
     counts, validation included), or the one row's own figure."""
@@ -196,18 +324,6 @@ def _speed(rows: list[dict[str, Any]]) -> float | None:
         return (recent[-1]["step"] - recent[0]["step"]) / (recent[-1]["t"] - recent[0]["t"])
     speed = recent[-1].get("steps_per_s") if recent else None
     return float(speed) if isinstance(speed, int | float) and speed > 0 else None
-
-
-def _best(start: dict[str, Any], epochs: list[dict[str, Any]],
-          end: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The end's best; before the end, the best epoch so far by the metric the run watches."""
-    if end is not None and "best" in end:
-        best = end["best"]
-        return best if isinstance(best, dict) else None
-    watch = start.get("watch")
-    if not isinstance(watch, dict):
-        return None
-    return best_epoch(epochs, str(watch.get("metric")), str(watch.get("mode")))
 
 
 def _rounded(value: float | None, digits: int) -> float | None:
@@ -226,7 +342,7 @@ def progress_line(run: RunSummary) -> str:
     if isinstance(run.last_loss, int | float):
         parts.append(f"loss {run.last_loss:.4g}")
     if run.status == RUNNING and run.steps_per_s:
-        parts.append(f"{run.steps_per_s:.3g} steps/s")
+        parts.append(f"{format_rate(run.steps_per_s)} steps/s")
     if run.eta_s is not None:
         parts.append(f"ETA {format_duration(run.eta_s)}")
     best = run.best

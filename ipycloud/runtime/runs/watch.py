@@ -1,8 +1,8 @@
 """One run watched through its log as the log grows, wherever it is written: on this
 machine, or on the nodes of a cluster into a bucket this machine mounts or syncs.
 
-Each ``look`` reads only the lines appended since the last (``records.read_records``
-keeps what it read) and sums the run up again, judging a live run by the clock now.
+Each ``look`` reads only the lines appended since the last (``log_reader.LogReader``, in
+bounded memory) and sums the run up again, judging a live run by the clock now.
 ``find_log`` picks the log to watch in a checkpoint folder.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.runs import records
+from ipycloud.runtime.runs.log_reader import LogReader
 from ipycloud.runtime.runs.reading import UnknownRunError, checkpoint_folder, runs
-from ipycloud.runtime.runs.summary import summarize
 
 Json = dict[str, Any]
 NAMED_RUNS = 5  # the ids of a folder's runs an unknown run's error names at most
@@ -26,8 +26,9 @@ NAMED_RUNS = 5  # the ids of a folder's runs an unknown run's error names at mos
 @dataclass(frozen=True)
 class Change:
     """What a look found: the records ``appended`` since the last look, and whether the
-    earlier ones are ``renewed``: the first look, a log replaced or cut (read afresh), or
-    a new start (a resumed run redoes the steps after the one it resumed at)."""
+    earlier ones are ``renewed``: the first look, a log replaced or cut (read afresh), a
+    new start (a resumed run redoes the steps after the one it resumed at), or more
+    records than one look hands on (build the view again from the summary's rows)."""
 
     appended: list[Json] = field(default_factory=list)
     renewed: bool = False
@@ -39,29 +40,28 @@ class RunWatch:
     def __init__(self, log: Path, clock: Callable[[], float] = time.time) -> None:
         self.log = log
         self.clock = clock
-        self.lines: list[Json] = []
+        self.reader = LogReader(log)
         self.failure: OSError | None = None  # why the last look could not read the log
-        self.summary = summarize(log, [], now=clock())
+        self.summary = self.reader.summary(now=clock())
+
+    @property
+    def read_any(self) -> bool:
+        """Whether a record of the run was read."""
+        return self.reader.state.count > 0
 
     def look(self) -> Change:
         """Read what was appended to the log and sum the run up again. A log that cannot
-        be read (a mount gone) keeps the lines read before, and ``failure`` says why."""
+        be read (a mount gone) keeps what was read before, and ``failure`` says why."""
         try:
-            lines = records.read_records(self.log, torn_tail=False)
+            update = self.reader.read()
         except OSError as error:
             self.failure = error
-            self.summary = summarize(self.log, self.lines, now=self.clock())
+            self.summary = self.reader.summary(now=self.clock())
             return Change()
         self.failure = None
-        seen = len(self.lines)
-        if seen and len(lines) >= seen and lines[seen - 1] == self.lines[-1]:
-            appended = lines[seen:]
-            change = Change(appended, any(line["kind"] == records.START for line in appended))
-        else:  # the first look, or the log was replaced or cut
-            change = Change(lines, renewed=True)
-        self.lines = lines
-        self.summary = summarize(self.log, lines, now=self.clock())
-        return change
+        self.summary = self.reader.summary(now=self.clock())
+        return Change(update.appended, update.renewed or any(
+            line["kind"] == records.START for line in update.appended))
 
 
 def find_log(folder: str | os.PathLike[str], run: str | None = None) -> Path:

@@ -23,6 +23,9 @@ from pathlib import Path
 
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.messages import describe_error
+from ipycloud.runtime.untrusted import is_unix_time, load_json, read_small
+
+MAX_RECORD_BYTES = 64 * 1024  # a longer record is not one
 
 __all__ = ["FailedSync", "failed_syncs", "failure_of", "forget_failure", "record_failure",
            "report_at_exit"]
@@ -77,13 +80,24 @@ def record_failure(src: Path, dst: Path, error: BaseException) -> FailedSync:
 
 
 def _read(path: Path) -> FailedSync | None:
-    """The record in ``path``; None when it is missing, unreadable or not one."""
+    """The record in ``path``; None when it is missing, unreadable, not a regular file of
+    at most MAX_RECORD_BYTES, or not one."""
     try:
-        fields = json.loads(path.read_bytes())
-        return FailedSync(str(fields["src"]), str(fields["dst"]), float(fields["time"]),
-                          str(fields["error"]))
-    except (OSError, ValueError, TypeError, KeyError):
+        return parse_failed_sync(read_small(path, MAX_RECORD_BYTES))
+    except (OSError, ValueError):
         return None
+
+
+def parse_failed_sync(data: bytes) -> FailedSync | None:
+    """The record a file holding ``data`` keeps; None where it is not one (not JSON,
+    fields missing or of other types: text, and a Unix time)."""
+    try:
+        failure = FailedSync(**load_json(data))
+    except (ValueError, TypeError):
+        return None
+    texts = (failure.src, failure.dst, failure.error)
+    sound = all(isinstance(text, str) for text in texts) and is_unix_time(failure.time)
+    return failure if sound else None
 
 
 def failure_of(src: Path, dst: Path) -> FailedSync | None:

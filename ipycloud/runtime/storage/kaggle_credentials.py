@@ -73,7 +73,7 @@ def _read_kaggle_json(path: Path) -> tuple[bytes, str, str]:
         raise KaggleError(f"cannot read {path}: {error.strerror or type(error).__name__}"
                           ) from None
     parsed: object = None
-    with contextlib.suppress(ValueError):
+    with contextlib.suppress(ValueError, RecursionError):  # RecursionError: nested too deep
         parsed = json.loads(raw)
     user = parsed.get("username") if isinstance(parsed, dict) else None
     key = parsed.get("key") if isinstance(parsed, dict) else None

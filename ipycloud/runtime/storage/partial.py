@@ -25,6 +25,8 @@ from email.message import Message
 from pathlib import Path
 from typing import BinaryIO
 
+from ipycloud.runtime.untrusted import is_count, load_json
+
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a planted FIFO must not wait for a peer
 _MAX_META = 16 * 1024
@@ -107,10 +109,7 @@ class PartFile:
                 self._unlink_name(self.meta)
                 return None
             text = fh.read(_MAX_META + 1)
-        try:
-            return Validators(**json.loads(text)) if len(text) <= _MAX_META else None
-        except (ValueError, TypeError):
-            return None
+        return parse_validators(text) if len(text) <= _MAX_META else None
 
     @contextlib.contextmanager
     def appending(self) -> Iterator[BinaryIO]:
@@ -158,6 +157,26 @@ class PartFile:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+
+
+def parse_validators(data: bytes) -> Validators | None:
+    """The validators a meta file holding ``data`` records; None where it holds none."""
+    try:
+        found = Validators(**load_json(data))
+    except (ValueError, TypeError):
+        return None
+    return found if _sound(found) else None
+
+
+def _sound(validators: Validators) -> bool:
+    """Whether recorded validators have the types a request can send: the URL and the
+    header values text without control characters (no header of a request can be
+    forged), the size a count."""
+    texts = (validators.url, validators.etag, validators.last_modified)
+    return (isinstance(validators.url, str)
+            and all(text is None or (isinstance(text, str) and text.isprintable())
+                    for text in texts)
+            and (validators.size is None or is_count(validators.size)))
 
 
 def _own_file(info: os.stat_result) -> bool:

@@ -26,6 +26,7 @@ from ipycloud.runtime.train.sampling import (
     sampler_order,
     shuffled_order,
 )
+from ipycloud.runtime.train.workers import LoaderIterators
 from ipycloud.runtime.units import counted
 
 _LOADER_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout",
@@ -36,9 +37,11 @@ _LOADER_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout",
 class EpochData:
     """Batches for ``fit`` and this rank's position in them, which a checkpoint records."""
 
-    def __init__(self, data: Iterable[Any], seed: int, rank: int = 0,
-                 world_size: int = 1) -> None:
+    def __init__(self, data: Iterable[Any], seed: int, rank: int = 0, world_size: int = 1,
+                 iterators: LoaderIterators | None = None) -> None:
         self.seed, self.rank, self.world_size = seed, rank, world_size
+        # the epochs' iterators, whose workers end when fit does
+        self.iterators = iterators if iterators is not None else LoaderIterators()
         self.epoch = 0
         self.batches = 0  # batches this rank consumed in this epoch (after ``_start``)
         self._start = 0  # units all ranks had consumed in this epoch when this run began it
@@ -131,13 +134,13 @@ class EpochData:
             self._sampler.set_position(self.epoch, self._consumed())
             self._loader.generator.manual_seed(self.seed + self.epoch)  # worker seeds too
             self._last_batch = self.batches + len(self._loader)  # drop_last counted
-            return iter(self._loader)
+            return self.iterators.iterate(self._loader)
         self._last_batch = _length(self._source)
         if self.batches:
             warnings.warn(f"resuming mid-epoch reads and discards {self.batches} batches: "
                           "use a DataLoader over a map-style dataset to skip them without "
                           "reading", stacklevel=4)
-        return itertools.islice(iter(self._source), self.batches, None)
+        return itertools.islice(self.iterators.iterate(self._source), self.batches, None)
 
     def _custom_sampler(self) -> Any:
         from torch.utils.data import DataLoader
@@ -197,8 +200,8 @@ def _rebuild(data: Iterable[Any], seed: int, rank: int,
     settings = {name: getattr(data, name) for name in _LOADER_SETTINGS if hasattr(data, name)}
     if data.num_workers > 0:
         settings["prefetch_factor"] = data.prefetch_factor
-    settings["worker_init_fn"] = WorkerInit(settings.get("worker_init_fn"),
-                                            _workers_parent(data))
+    settings["worker_init_fn"] = WorkerInit(settings.get("worker_init_fn"), os.getpid(),
+                                            _trainer_is_parent(data))
     if seeded:
         dataset = SeededDataset(dataset, seed)
     loader: Any
@@ -211,14 +214,14 @@ def _rebuild(data: Iterable[Any], seed: int, rank: int,
     return loader, sampler, data.batch_size or 1
 
 
-def _workers_parent(data: Any) -> int | None:
-    """This process, when it is the parent of the loader's workers (started by fork or
+def _trainer_is_parent(data: Any) -> bool:
+    """Whether this process is the parent of the loader's workers (started by fork or
     spawn; a forkserver starts them as its own children)."""
     context = data.multiprocessing_context
     method = (context.get_start_method() if context is not None
               else multiprocessing.get_start_method(allow_none=True)
               or multiprocessing.get_all_start_methods()[0])  # the default, left unset
-    return os.getpid() if method in ("fork", "spawn") else None
+    return method in ("fork", "spawn")
 
 
 def loader(dataset: Any, batch_size: int, shuffle: bool = True, **overrides: Any) -> Any:
@@ -226,7 +229,8 @@ def loader(dataset: Any, batch_size: int, shuffle: bool = True, **overrides: Any
 
     Workers: one less than the usable cores (a 2-core Colab VM gets 1), at most 8, none for
     a single core. Pinned memory when an NVIDIA GPU is visible. Workers persist between
-    epochs. Any DataLoader argument given here wins.
+    epochs, and ``fit`` ends them when it returns or raises. Any DataLoader argument given
+    here wins.
     """
     import torch
     from torch.utils.data import DataLoader

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from ipycloud.runtime.lifetime import end_with
+from ipycloud.runtime.lifetime import end_on_sigterm_from, end_with
 
 
 class FitInterrupted(KeyboardInterrupt):
@@ -128,21 +128,24 @@ class WorkerInit:
 
     Jupyter interrupts the kernel's whole process group, and a machine going away sends
     SIGTERM to every process; a worker that died of either would fail the step ``fit``
-    finishes before saving. The loader stops its workers itself. torch's workers watch the
-    parent they find once started, so one whose trainer dies as it starts watches its new
-    parent and never ends: given ``trainer`` (the PID of the process that trains, when it
-    is the workers' parent), they end as soon as it does. Wraps the loader's own
-    ``worker_init_fn`` (picklable, for workers started by spawn).
+    finishes before saving. A SIGTERM from ``trainer`` (the PID of the process that trains)
+    still ends a worker: multiprocessing's exit handler, and torch's shutdown when its
+    workers do not end in time, terminate them so. torch's workers watch the parent they
+    find once started, so one whose trainer dies as it starts watches its new parent and
+    never ends: where ``trainer`` is their parent (started by fork or spawn), they end as
+    soon as it does. Wraps the loader's own ``worker_init_fn`` (picklable, for workers
+    started by spawn).
     """
 
-    def __init__(self, inner: Any, trainer: int | None = None) -> None:
+    def __init__(self, inner: Any, trainer: int, trainer_is_parent: bool) -> None:
         self.inner = inner
         self.trainer = trainer
+        self.trainer_is_parent = trainer_is_parent
 
     def __call__(self, worker_id: int) -> None:
-        if self.trainer is not None:
-            end_with(self.trainer)
+        end_on_sigterm_from(self.trainer)  # first: no thread may start before
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.trainer_is_parent:
+            end_with(self.trainer)
         if self.inner is not None:
             self.inner(worker_id)

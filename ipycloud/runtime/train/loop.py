@@ -10,6 +10,7 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import warnings
@@ -71,6 +72,7 @@ from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
 from ipycloud.runtime.train.stop_vote import StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
+from ipycloud.runtime.train.workers import LoaderIterators
 from ipycloud.runtime.train.xla import OnCpu
 from ipycloud.runtime.units import counted, finite_number
 
@@ -194,6 +196,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         if isinstance(error, FitInterrupted):  # raised again here: no frames of the loop shown
             raise error.with_traceback(None) from None
         raise
+    finally:
+        trainer.loaders.close()  # however the run ended: no worker outlives fit
     if release:
         trainer.release()
     return history
@@ -222,6 +226,7 @@ class _Trainer:
         self.history = History(device=str(self.device), precision=plan.precision.name)
         self.step = 0  # optimizer steps taken
         self.data: EpochData = None  # type: ignore[assignment]  # set when the run starts
+        self.loaders = LoaderIterators()  # what the run reads, its workers ended after it
         self.xla = plan.choice.kind == "xla"
         self._losses: list[Any] = []  # step losses since the last read, on the device
         self._window: list[float] = []  # step losses read since the last logged row
@@ -256,7 +261,7 @@ class _Trainer:
         if manager is not None:
             self.saver = resilient_saver(manager)
         resumed = self._resume(manager, resume) if manager is not None else None
-        self.data = EpochData(train_data, self.seed, *self._rank_and_world())
+        self.data = EpochData(train_data, self.seed, *self._rank_and_world(), self.loaders)
         if resumed is not None:
             self.data.resume(resumed.data_position or {})
             self._saved_at = self._position()
@@ -323,11 +328,35 @@ class _Trainer:
         self._phase = ENDING
         if _out_of_memory(error):
             self.followers.tell("happened", "out_of_memory", _first_line(error))
-        self._tell_end(PAUSED if isinstance(error, KeyboardInterrupt) else FAILED,
-                       _first_line(error))
+        if isinstance(error, KeyboardInterrupt):
+            self._tell_end(*self._interrupted(error))
+        else:
+            self._tell_end(FAILED, _first_line(error))
         if self.saver is not None:
             with contextlib.suppress(Exception):
                 self.saver.wait()
+
+    def _interrupted(self, error: KeyboardInterrupt) -> tuple[str, str]:
+        """How an interrupt ended the run: paused where a checkpoint holds the step it
+        stopped at (or none was asked for); failed where it stopped at once (a second
+        interrupt) before saving that step, saying which checkpoint a rerun continues
+        from. Waits for a save still being written, and records it (only the first rank
+        saves)."""
+        if isinstance(error, FitInterrupted) or self.saver is None or not self.main:
+            return PAUSED, _first_line(error)
+        with contextlib.suppress(Exception):
+            self._report_checkpoint(self.saver.wait())  # recorded before the end
+        newest = self.saver.newest
+        if newest is not None and newest.step == self.step:
+            return PAUSED, _first_line(error)
+        where = (f"the newest checkpoint is step {newest.step}: rerunning continues from it"
+                 if newest is not None else
+                 "no checkpoint of this run was saved: rerunning starts over")
+        line = (f"ipycloud.fit: interrupted at step {self.step} and stopped at once, "
+                f"without saving it; {where}")
+        self._bar.close()
+        print(line, flush=True)
+        return FAILED, f"KeyboardInterrupt: {line}"
 
     def release(self) -> None:
         """Give the machine back after a run that ended well (``fit(release=True)``)."""
@@ -479,9 +508,9 @@ class _Trainer:
             return outputs, targets, self._loss(outputs, targets, batch)
 
     def _optimizer_step(self) -> None:
-        import torch
-
         if self.plan.clip_grad_norm is not None:
+            import torch
+
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.clip_grad_norm)
@@ -530,7 +559,7 @@ class _Trainer:
         self._losses = []
         first = self.step - len(values) + 1
         self._window += values
-        if any(value != value or value in (float("inf"), float("-inf")) for value in values):
+        if not all(map(math.isfinite, values)):
             raise NonFiniteLossError(
                 f"the loss is {sum(values) / len(values)} in optimizer steps {first} to "
                 f"{self.step} (epoch {self.data.epoch}); earlier checkpoints are intact")
@@ -580,8 +609,8 @@ class _Trainer:
         if val_data is not None:
             self._enter(VALIDATING)
             self.model.eval()
-            logs.update(validate(self._forward, self._on_device(val_data), self.plan.metrics,
-                                 self.shifted))
+            logs.update(validate(self._forward, self._on_device(self.loaders.iterate(val_data)),
+                                 self.plan.metrics, self.shifted))
             self.model.train()
             self._phase = TRAINING
         if self._steps_on_metric:
@@ -661,8 +690,10 @@ class _Trainer:
     # -- SIGTERM ----------------------------------------------------------------------------
 
     def _enter(self, phase: str) -> None:
-        """Begin a phase in which the live state stands still (see STARTING)."""
-        self._rng_states = rng.capture_rng_states()
+        """Begin a phase in which the live state stands still (see STARTING); the random
+        generators' states are kept for a SIGTERM's save, where this process saves."""
+        if self.main and self.saver is not None:
+            self._rng_states = rng.capture_rng_states()
         self._phase = phase
 
     def _save_on_sigterm(self) -> bool:

@@ -1,0 +1,305 @@
+"""The DataLoader workers of ``fit`` end with it, however it ends: a script, a ``launch``
+rank or a torchrun worker that trains with ``ipycloud.loader`` exits by itself."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from checkpoint_helpers import FORK
+from process_helpers import descriptors_of_this_process, ended
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from ipycloud.runtime.train.data import loader
+from ipycloud.runtime.train.interrupt import FitInterrupted
+from ipycloud.runtime.train.loop import NonFiniteLossError, fit
+
+EXIT_TIMEOUT_S = 240.0  # a script that hangs at exit hangs forever: this only bounds the test
+
+ISSUE_SCRIPT = """\
+import torch, ipycloud
+ds = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randint(0, 3, (256,)))
+m = torch.nn.Linear(16, 3)
+ipycloud.fit(m, torch.optim.AdamW(m.parameters()), ipycloud.loader(ds, batch_size=16), epochs=2,
+             loss_fn=torch.nn.functional.cross_entropy, progress=False)
+print("returned")
+"""
+
+MODEL_RAISES_SCRIPT = """\
+import torch, ipycloud
+
+class Breaks(torch.nn.Linear):
+    calls = 0
+    def forward(self, inputs):
+        Breaks.calls += 1
+        if Breaks.calls == 5:
+            raise RuntimeError("the model broke")
+        return super().forward(inputs)
+
+ds = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randint(0, 3, (256,)))
+m = Breaks(16, 3)
+ipycloud.fit(m, torch.optim.AdamW(m.parameters()),
+             ipycloud.loader(ds, batch_size=16, num_workers=2), epochs=2,
+             loss_fn=torch.nn.functional.cross_entropy, progress=False)
+"""
+
+RANKS_SCRIPT = """\
+import psutil, torch, ipycloud
+
+def train():
+    ds = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randint(0, 3, (256,)))
+    m = torch.nn.Linear(16, 3)
+    ipycloud.fit(m, torch.optim.AdamW(m.parameters()),
+                 ipycloud.loader(ds, batch_size=16, num_workers=2), epochs=2,
+                 loss_fn=torch.nn.functional.cross_entropy, progress=False)
+    return len(psutil.Process().children())
+
+if __name__ == "__main__":
+    print("processes left by fit in each rank:", {call})
+"""
+
+
+ABANDONED_SCRIPT = """\
+import subprocess, psutil, torch
+from ipycloud.runtime.train.data import EpochData, loader
+
+ds = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randint(0, 3, (256,)))
+batches = EpochData(loader(ds, batch_size=16, num_workers=2), seed=0).epoch_batches()
+next(batches)
+workers = [str(worker.pid) for worker in psutil.Process().children()]
+subprocess.run(["kill", "-TERM", *workers], check=True)  # another's: the machine going away
+next(batches)
+print(len(workers), "workers served on")
+"""  # and the script ends with them, the epoch half read
+
+
+def run_script(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` to its end; the test fails if it does not exit by itself (it and
+    every process it started are killed then)."""
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=EXIT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        raise AssertionError(f"{command} never exited by itself:\n{out}{err[-3000:]}") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # whatever it left in its session
+            os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+def test_the_issues_script_exits_by_itself(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(ISSUE_SCRIPT)
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert (completed.returncode, completed.stdout) == (0, "returned\n"), completed.stderr
+
+
+def test_a_script_whose_model_raises_exits_with_the_error(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(MODEL_RAISES_SCRIPT)
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert completed.returncode == 1
+    assert completed.stderr.endswith("RuntimeError: the model broke\n"), completed.stderr
+
+
+def test_workers_left_running_ignore_others_sigterm_and_end_with_the_script(
+        tmp_path: Path) -> None:
+    """What fit does not end, multiprocessing's exit handler does: by SIGTERM, which a
+    worker takes from its trainer alone."""
+    (tmp_path / "train.py").write_text(ABANDONED_SCRIPT)
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert (completed.returncode, completed.stdout) == (0, "2 workers served on\n"), \
+        completed.stderr[-3000:]
+
+
+def test_launch_ranks_leave_no_worker_and_the_script_exits_by_itself(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(RANKS_SCRIPT.format(
+        call="ipycloud.launch(train, nprocs=2)"))
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout == "processes left by fit in each rank: [0, 0]\n"
+
+
+def test_torchrun_workers_exit_by_themselves(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(RANKS_SCRIPT.format(
+        call="ipycloud.run_under_torchrun(train)"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    completed = run_script([sys.executable, "-m", "torch.distributed.run",
+                            "--nproc_per_node=2", f"--master_port={port}", "train.py"],
+                           tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.count("processes left by fit in each rank: 0\n") == 2
+
+
+# -- every way fit ends, in a forked child whose processes are its own ----------------------
+
+
+def in_own_session(target: Callable[..., Any], *args: Any) -> Any:
+    """``target(*args)`` in a forked child in a session of its own: its result, once the
+    child has exited by itself (the test fails if it does not; it and every process it
+    started are killed afterwards)."""
+    receiver, sender = FORK.Pipe(duplex=False)
+    process = FORK.Process(target=_session_main, args=(sender, target, args))
+    process.start()
+    sender.close()
+    try:
+        assert receiver.poll(EXIT_TIMEOUT_S), "the child sent nothing"
+        status, value = receiver.recv()
+        process.join(EXIT_TIMEOUT_S)
+        assert process.exitcode == 0, f"the child did not exit by itself: {value}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.join()
+    assert status == "ok", value
+    return value
+
+
+def _session_main(sender: Any, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    os.setsid()
+    torch.set_num_threads(1)  # OpenMP's thread pool does not survive fork
+    try:
+        sender.send(("ok", target(*args)))
+    except BaseException as error:  # report everything, the parent asserts
+        sender.send(("error", f"{type(error).__name__}: {error}"))
+
+
+class Stream(IterableDataset):
+    """Each worker streams its share of 64 samples."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        share = range(64)[info.id::info.num_workers] if info is not None else range(64)
+        for index in share:
+            yield torch.full((4,), float(index)), torch.tensor(index % 2)
+
+
+def samples(count: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(count, 4, generator=generator),
+                         torch.randint(0, 2, (count,), generator=generator))
+
+
+class Breaks(nn.Linear):
+    """Raises, or returns NaN, from its ``after``-th call in training on."""
+
+    def __init__(self, after: int, nan: bool) -> None:
+        super().__init__(4, 2)
+        self.after, self.nan, self.calls = after, nan, 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += self.training
+        if self.training and self.calls >= self.after:
+            if not self.nan:
+                raise RuntimeError("the model broke")
+            return super().forward(inputs) * float("nan")
+        return super().forward(inputs)
+
+
+class EndsAt:
+    """A callback that ends the run at step 6 (the second epoch's), as ``how`` says."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
+
+    def on_step_end(self, step: int, logs: dict[str, Any]) -> bool:
+        if step != 6:
+            return False
+        if self.how == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)
+        elif self.how == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif self.how == "sys.exit":
+            sys.exit(3)
+        return self.how == "early stop"
+
+
+ENDINGS: dict[str, type[BaseException] | None] = {
+    "finishes": None, "early stop": None, "model raises": RuntimeError,
+    "NaN loss": NonFiniteLossError, "interrupt": FitInterrupted,
+    "sigterm": KeyboardInterrupt, "sys.exit": SystemExit}
+
+DATA: dict[str, Callable[[], tuple[Any, Any]]] = {
+    # rebuilt by fit, workers kept between epochs; the validation loader read as it is
+    "ipycloud.loader": lambda: (loader(samples(64), batch_size=16, num_workers=2),
+                                loader(samples(32), batch_size=16, shuffle=False,
+                                       num_workers=2)),
+    # read as it is, workers kept between epochs
+    "iterable, persistent workers": lambda: (
+        DataLoader(Stream(), batch_size=8, num_workers=2, persistent_workers=True), None)}
+
+
+def _end_fit(ending: str, data: str) -> dict[str, Any]:
+    """Train until ``ending``; what the child holds once fit has returned or raised."""
+    signal.signal(signal.SIGTERM, lambda number, frame: None)  # a handler that lets it live
+    train, val = DATA[data]()
+    workers: set[int] = set()
+
+    class Watch:
+        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+            workers.update(child.pid for child in psutil.Process().children())
+
+    model = Breaks(after=7 if data == "ipycloud.loader" else 11,
+                   nan=ending == "NaN loss") if "NaN" in ending or "raises" in ending \
+        else nn.Linear(4, 2)
+    raised: BaseException | None = None
+    try:
+        fit(model, torch.optim.SGD(model.parameters(), lr=0.1), train, val_data=val,
+            epochs=3, device="cpu", progress=False, log_every=1,
+            callbacks=[Watch(), EndsAt(ending)], seed=0)
+    except BaseException as error:  # held, as a notebook holds the last traceback
+        raised = error
+    held = {"raised": type(raised).__name__ if raised else None,
+            "workers seen": len(workers),
+            "alive": [child.pid for child in psutil.Process().children()
+                      if not ended(child)]}
+    raised = None  # its frames hold the batch they trained on, in shared memory
+    gc.collect()
+    return {**held,
+            "shared memory files": [name for name in os.listdir("/dev/shm")
+                                    if any(name.startswith(f"torch_{pid}_")
+                                           for pid in workers)],
+            "shared memory held": [target for target in descriptors_of_this_process()
+                                   if target.startswith("/dev/shm/")]}
+
+
+@pytest.mark.parametrize("data", DATA)
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_no_worker_is_alive_once_fit_has_ended(ending: str, data: str) -> None:
+    held = in_own_session(_end_fit, ending, data)
+    expected = ENDINGS[ending]
+    assert held["raised"] == (expected.__name__ if expected else None)
+    assert held["workers seen"] >= 2
+    assert held["alive"] == []
+    assert held["shared memory files"] == [] and held["shared memory held"] == []
+
+
+def _fit_twice_on_one_loader() -> list[Any]:
+    data = DataLoader(Stream(), batch_size=8, num_workers=2, persistent_workers=True)
+    model = nn.Linear(4, 2)
+    ends = []
+    for _ in range(2):
+        history = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=2,
+                      device="cpu", progress=False, log_every=1, seed=0)
+        ends.append((history.steps[-1]["step"],
+                     [child.pid for child in psutil.Process().children() if not ended(child)]))
+    return ends
+
+
+def test_a_loader_whose_workers_fit_ended_is_read_again_by_the_next_fit() -> None:
+    assert in_own_session(_fit_twice_on_one_loader) == [(16, []), (16, [])]
