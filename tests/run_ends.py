@@ -63,14 +63,17 @@ SECOND_INTERRUPT_AFTER_S = 0.05
 TRAINING = Path(__file__).with_name("run_ends_training.py")
 TESTS = Path(__file__).parent
 
-# The status each end leaves in the run's record. Under torchrun, SIGKILL kills one rank
-# (the out-of-memory killer's way): its agent ends the group, and the first rank, stopped
-# by its agent's SIGTERM or failing on the lost peer, says paused or failed.
+# The status each end leaves in the run's record (README, "How a run ends": a second
+# interrupt stops at once, unsaved, and the record says failed). Under torchrun, Ctrl-C
+# reaches the agents, which stop their workers with SIGTERM; SIGKILL kills one rank (the
+# out-of-memory killer's way): its agent ends the group, and the first rank, stopped by
+# its agent's SIGTERM or failing on the lost peer, says paused or failed.
 STATUS = {"finishes": "finished", "early stop": "stopped early", "the model raises": "failed",
           "NaN loss": "failed", "NaN metric": "finished", "one interrupt": "paused",
-          "two interrupts": "paused", "SIGTERM": "paused", "SIGKILL": "lost",
+          "two interrupts": "failed", "SIGTERM": "paused", "SIGKILL": "lost",
           "sys.exit in a callback": "failed", "release=True": "finished"}
-TORCHRUN_RANK_KILLED = ("failed", "paused")
+TORCHRUN_STATUS = {"one interrupt": ("paused",), "two interrupts": ("paused",),
+                   "SIGKILL": ("failed", "paused")}
 # Ends after which the run is over: a rerun says it is complete and trains nothing.
 COMPLETE = ("finishes", "early stop", "NaN metric", "release=True")
 AFTER_THE_END = "after the end"
@@ -86,8 +89,8 @@ class Cell:
         return f"{self.end} / {self.front} / {self.data}"
 
     def expected_statuses(self) -> tuple[str, ...]:
-        if self.end == "SIGKILL" and self.front == "two torchrun agents":
-            return TORCHRUN_RANK_KILLED
+        if self.front == "two torchrun agents" and self.end in TORCHRUN_STATUS:
+            return TORCHRUN_STATUS[self.end]
         return (STATUS[self.end],)
 
 
