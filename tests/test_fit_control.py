@@ -174,6 +174,44 @@ def test_early_stopping_ends_the_run_and_the_rerun_says_it_is_complete(
     assert "already complete at step 16" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("saving", [
+    {"checkpoint_every": STEPS_PER_EPOCH},  # a save due as each epoch ends
+    {"keep_best": ("val_score", "max")},  # a save taken at each epoch's end
+])
+def test_a_run_stopped_early_where_a_save_falls_is_complete_when_rerun(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], saving: dict[str, Any]) -> None:
+    def checkpoint() -> Any:
+        if "keep_best" in saving:
+            return CheckpointManager(tmp_path, keep_best=saving["keep_best"])
+        return tmp_path
+
+    every = {"checkpoint_every": saving.get("checkpoint_every", "10m")}
+    score = Scores([0.3, 0.9, 0.5, 0.4, 1.0, 1.0])
+    options = {"epochs": 6, "val_data": data(), "metrics": {"score": score},
+               "early_stop": ("val_score", 2), **every}
+    _, history = run(checkpoint(), **options)
+    assert len(history.epochs) == 4
+    capsys.readouterr()
+    _, again = run(checkpoint(), progress=True, **options)
+    assert len(score.calls) == 4  # nothing trained or validated again
+    assert again.epochs == history.epochs and again.stopped == history.stopped
+    assert "already complete at step 16" in capsys.readouterr().out
+
+
+def test_a_run_a_callback_stops_where_a_save_falls_is_complete_when_rerun(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    class StopAt:
+        def on_step_end(self, step: int, logs: dict[str, Any]) -> bool:
+            return step == 6
+
+    _, history = run(tmp_path, callbacks=[StopAt()], checkpoint_every=2)
+    assert history.steps[-1]["step"] == 6
+    capsys.readouterr()
+    _, again = run(tmp_path, callbacks=[StopAt()], checkpoint_every=2, progress=True)
+    assert again.stopped == history.stopped
+    assert "already complete at step 6" in capsys.readouterr().out
+
+
 def test_a_callback_stops_the_run_by_returning_true_or_by_its_stop_flag() -> None:
     class AfterEpoch:
         def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> bool:

@@ -381,19 +381,22 @@ class _Trainer:
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
         self._pause_if_asked(manager, bar)  # Stop pressed as the run started: no step taken
+        # A stop is noted before the step's or the epoch's save, which then holds it: a
+        # rerun resumed from that save finds the run complete.
         while not self._finished():
             started = time.monotonic()
             for _ in self._epoch_steps(bar):
+                self._note_stop(bar)
                 self._between_steps(manager, bar)
                 if self._finished():
                     break
             else:
                 self._end_epoch(val_data, time.monotonic() - started, bar)
+                self._note_stop(bar)
                 if manager is not None and (manager.keep_best is not None
                                             or self._checkpoint_due()):
                     self._save(manager, blocking="auto")
                 self._pause_if_interrupted(manager, bar)
-            self._note_stop(bar)
         self._log(bar)
         if manager is not None:
             self._save_last(manager, bar)
