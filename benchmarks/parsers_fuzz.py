@@ -179,7 +179,7 @@ def main() -> int:
     os.environ.setdefault("IPYCLOUD_CONFIG_DIR", "/nonexistent/ipycloud-fuzz")
     signal.signal(signal.SIGALRM, _on_alarm)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 1000))
-    report = {"parsers": {}}
+    report: dict[str, Any] = {"parsers": {}}
     for parser in parsers(magic_lines()):
         if args.only and parser.name not in args.only:
             continue

@@ -95,27 +95,27 @@ def mutated_json(rng: random.Random, base: dict[str, Any]) -> bytes:
             value = {"nested": value, "list": [value] * rng.randint(0, 3)}
         fields[key] = value
     if rng.random() < 0.1:
-        fields = rng.choice([[fields], "text", 5, None])  # type: ignore[assignment]
+        return json.dumps(rng.choice([[fields], "text", 5, None])).encode()
     return json.dumps(fields).encode()
 
 
 def mutated_bytes(rng: random.Random, data: bytes) -> bytes:
     """``data`` with bytes flipped, cut, repeated, or hostile bytes spliced in."""
-    data = bytearray(data)
+    mutated = bytearray(data)
     for _ in range(rng.randint(1, 4)):
         action = rng.randrange(5)
-        at = rng.randint(0, len(data))
-        if action == 0 and data:
-            data[min(at, len(data) - 1)] = rng.randrange(256)
+        at = rng.randint(0, len(mutated))
+        if action == 0 and mutated:
+            mutated[min(at, len(mutated) - 1)] = rng.randrange(256)
         elif action == 1:
-            del data[at:at + rng.randint(1, 20)]
+            del mutated[at:at + rng.randint(1, 20)]
         elif action == 2:
-            data[at:at] = rng.choice(BIG_BYTES if rng.random() < BIG_SHARE else HOSTILE_BYTES)
+            mutated[at:at] = rng.choice(BIG_BYTES if rng.random() < BIG_SHARE else HOSTILE_BYTES)
         elif action == 3:
-            data = data[:at]
+            mutated = mutated[:at]
         else:
-            data[at:at] = data[max(0, at - 30):at]
-    return bytes(data)
+            mutated[at:at] = mutated[max(0, at - 30):at]
+    return bytes(mutated)
 
 
 def generate(rng: random.Random, base: dict[str, Any]) -> bytes:

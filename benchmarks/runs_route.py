@@ -181,14 +181,14 @@ def load_round(server: JupyterProcess, round_s: float, client: type[PollingClien
     until = time.monotonic() + round_s
     clients = [client(server, until, seed) for seed in range(CLIENTS)]
     cpu_before, began = cpu_seconds(server.process.pid), time.monotonic()
-    for client in clients:
-        client.start()
-    for client in clients:
-        client.join()
+    for polling in clients:
+        polling.start()
+    for polling in clients:
+        polling.join()
     wall = time.monotonic() - began
     server_cpu = cpu_seconds(server.process.pid) - cpu_before
-    failures = sum((client.failures for client in clients), Counter())
-    latencies = {route: [value for client in clients for value in client.latencies_ms[route]]
+    failures = sum((polling.failures for polling in clients), Counter())
+    latencies = {route: [value for polling in clients for value in polling.latencies_ms[route]]
                  for route in routes}
     return {
         "failed": sum(failures.values()),

@@ -32,7 +32,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from figures import machine, write_results
 from runs_route import (
@@ -54,6 +53,7 @@ TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
 from jupyter_process import JupyterProcess  # noqa: E402
+from strict_json import HOSTILE_RECORD_LINES, loads  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "server_hostile.json"
@@ -62,29 +62,13 @@ ROUTES = ("runs", "run", "history")
 DAMAGED_ID, SWAPPED_ID = "da0000000001", "5a0000000001"
 FIFO_IDS = ("f10000000001", "f10000000002")
 LINKED_IDS = ("11000000000a", "11000000000b", "11000000000c")
-BAD_LINES = [
-    "[" * 100_000 + "]" * 100_000,
-    '{"t": ' + "9" * 400 + ', "kind": "step", "step": 4}',
-    '{"t": 1700000004.0, "kind": "step", "step": ' + "9" * 400 + "}",
-    '{"t": 1e300, "kind": "step", "step": 5}',
-    '{"t": Infinity, "kind": "step", "step": 6}',
-    '{"t": NaN, "kind": "step", "step": 7}',
-    '{"t": 1700000008.0, "kind": "step", "step": 8, "epoch": 0, "loss": NaN}',
-]
-
-
-def strict_json(text: bytes) -> Any:
-    """``text`` as JSON; ValueError where it holds NaN or an infinity."""
-    def refuse(constant: str) -> None:
-        raise ValueError(f"not strict JSON: {constant}")
-    return json.loads(text, parse_constant=refuse)
 
 
 class HostileClient(PollingClient):
     """A lab page following the live run and the machine's history."""
 
     history_since = 0.0
-    decode = staticmethod(strict_json)
+    decode = staticmethod(loads)
 
     def run(self) -> None:
         self.since = time.time()
@@ -124,7 +108,7 @@ def make_hostile_root(root: Path, outside: Path, state: Path) -> dict[str, Path]
     damaged = root / "damaged" / "checkpoints"
     logs["damaged"] = write_log(damaged, DAMAGED_ID, run_lines(DAMAGED_ID, damaged, now, 3))
     with logs["damaged"].open("a") as file:
-        file.write("".join(line + "\n" for line in BAD_LINES))
+        file.write("".join(line + "\n" for line in HOSTILE_RECORD_LINES))
     fifos = root / "fifos" / "checkpoints" / ".ipycloud-runs"
     fifos.mkdir(parents=True)
     for run_id in FIFO_IDS:
@@ -197,7 +181,8 @@ def main() -> None:
         "clients": CLIENTS, "round_s": round_s,
         "tree": {"big_log_lines": BIG_LOG_LINES, "live_step_s": LIVE_STEP_S,
                  "fifo_logs": len(FIFO_IDS), "fifo_index_entries": 1,
-                 "link_loops": 3, "links_out_of_the_root": 2, "damaged_lines": len(BAD_LINES),
+                 "link_loops": 3, "links_out_of_the_root": 2,
+                 "damaged_lines": len(HOSTILE_RECORD_LINES),
                  "log_swapped_for_a_fifo_at_s": round_s / 2, "made_in_s": round(made_s, 1)},
         "first_view_s": round(first_view_s, 1),
         "listed_at_the_end": listed,

@@ -45,6 +45,7 @@ from local_nodes import LocalNodes
 from preloaded_python import PreloadedPython
 from process_helpers import ended
 from soak_processes import reap_zombies, subreaper
+from strict_json import loads
 
 from ipycloud.runtime.checkpoint.manager import CheckpointManager
 from ipycloud.runtime.runs.reading import runs
@@ -556,10 +557,6 @@ def _gather(result: CellResult, runs_of_the_cell: list[RunResult], limit_s: floa
         result.failures.append(f"the kernel held more after training again: {repeats}")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def strict_lines(checkpoints: Path) -> tuple[list[dict[str, Any]], int]:
     """The lines of the run records in ``checkpoints`` parsed as strict JSON, and how many
     are not strict JSON (NaN, Infinity, or not JSON at all)."""
@@ -567,7 +564,7 @@ def strict_lines(checkpoints: Path) -> tuple[list[dict[str, Any]], int]:
     for log in sorted((checkpoints / ".ipycloud-runs").glob("*.jsonl")):
         for line in log.read_text(errors="replace").splitlines():
             try:
-                parsed.append(json.loads(line, parse_constant=_reject_constant))
+                parsed.append(loads(line))
             except ValueError:
                 invalid += 1
     return parsed, invalid

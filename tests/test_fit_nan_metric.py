@@ -12,19 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from strict_json import loads
 from test_fit_followers import problem
 
 import ipycloud
 from ipycloud.runtime.runs.records import RECORD_FOLDER
 
 NAN, INF = float("nan"), float("inf")
-
-
-def strict(text: str) -> Any:
-    """``text`` parsed as strict JSON: NaN and Infinity refused."""
-    def refuse(constant: str) -> Any:
-        raise ValueError(f"{constant} is not JSON")
-    return json.loads(text, parse_constant=refuse)
 
 
 def metric_of(values: list[float]) -> Any:
@@ -42,7 +36,7 @@ def train(values: list[float], folder: Path | None = None, **options: Any) -> ip
 
 def records(folder: Path) -> list[dict[str, Any]]:
     (log,) = (folder / RECORD_FOLDER).glob("*.jsonl")
-    return [strict(line) for line in log.read_text().splitlines()]
+    return [loads(line) for line in log.read_text().splitlines()]
 
 
 def test_a_nan_metric_leaves_the_run_going_and_every_epoch_checkpointed(
@@ -57,7 +51,7 @@ def test_a_nan_metric_leaves_the_run_going_and_every_epoch_checkpointed(
     saved = manager.list()
     assert [info.epoch for info in saved] == [1, 2, 3]
     for info in saved:
-        manifest = strict(info.manifest_path.read_text())
+        manifest = loads(info.manifest_path.read_text())
         assert "val_r2" not in manifest["metrics"] and "val_loss" in manifest["metrics"]
     lines = records(folder)
     assert [line["val_r2"] for line in lines if line["kind"] == "epoch"] == [None] * 3
@@ -129,5 +123,5 @@ def test_a_record_line_holds_a_nan_or_infinite_tensor_as_null() -> None:
 
     line = encode({"t": 1.5, "kind": "epoch", "epoch": 0, "val_r2": torch.tensor(NAN),
                    "val_f1": torch.tensor(-INF), "val_loss": torch.tensor(0.5)})
-    assert strict(line.decode()) == {"t": 1.5, "kind": "epoch", "epoch": 0, "val_r2": None,
+    assert loads(line.decode()) == {"t": 1.5, "kind": "epoch", "epoch": 0, "val_r2": None,
                                      "val_f1": None, "val_loss": 0.5}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from strict_json import loads
 
 from ipycloud.cli import main
 from ipycloud.runtime.runs import RunRecordWarning, log_reader, runs
@@ -55,13 +56,6 @@ def write_log(folder: Path, records: list[Any], run: str = RUN) -> Path:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_bytes(lines_of(records))
     return log
-
-
-def strict_json(text: str) -> Any:
-    """``text`` parsed as strict JSON: NaN and Infinity refused."""
-    def refuse(constant: str) -> Any:
-        raise ValueError(f"{constant} is not JSON")
-    return json.loads(text, parse_constant=refuse)
 
 
 def cli(*words: str) -> tuple[int, str, str]:
@@ -116,7 +110,7 @@ def test_the_index_of_runs_survives_a_hostile_line_in_any_log(tmp_path: Path,
     assert "2 runs on this machine" in out and RUN in out and OTHER in out
     status, out, err = cli("runs", "--json")
     assert status == 0, err
-    assert {run["id"] for run in strict_json(out)["runs"]} == {RUN, OTHER}
+    assert {run["id"] for run in loads(out)["runs"]} == {RUN, OTHER}
 
 
 def test_text_with_a_lone_surrogate_is_printable(tmp_path: Path) -> None:
@@ -208,7 +202,7 @@ def test_nan_and_infinity_are_null_in_the_json_of_runs(tmp_path: Path) -> None:
 
     status, out, err = cli("runs", str(tmp_path), "--json")
     assert status == 0, err
-    [run] = strict_json(out)["runs"]
+    [run] = loads(out)["runs"]
     assert (run["last_loss"], run["best"]) == (None, {"metric": "val_loss", "value": None})
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from server_fixtures import *  # noqa: F403
 from server_fixtures import Api
+from strict_json import HOSTILE_RECORD_LINES, loads
 from test_server_runs import DONE, LIVE, T0, append, in_folder, index, inline, write_run
 
 from ipycloud.runtime.runs import following, records
@@ -25,22 +26,8 @@ pytestmark = [pytest.mark.filterwarnings("error:Extension endpoints without"),
               pytest.mark.filterwarnings("ignore::ipycloud.runtime.runs.records.RunRecordWarning")]
 
 REQUEST_TIMEOUT_S = 30.0  # a request the server does not answer in this long hangs
-BAD_LINES = [
-    "[" * 100_000 + "]" * 100_000,  # too deep for the JSON parser
-    '{"t": ' + "9" * 400 + ', "kind": "step", "step": 4}',
-    '{"t": 1700000004.0, "kind": "step", "step": ' + "9" * 400 + "}",
-    '{"t": 1e300, "kind": "step", "step": 5}',
-    '{"t": Infinity, "kind": "step", "step": 6}',
-    '{"t": NaN, "kind": "step", "step": 7}',
-    "\x00\xff not json",
-]
 
 
-def strict(body: bytes) -> Any:
-    """``body`` decoded as JSON, which holds neither NaN nor Infinity."""
-    def refuse(constant: str) -> None:
-        raise AssertionError(f"the body holds {constant}")
-    return json.loads(body, parse_constant=refuse)
 
 
 def get(api: Api, route: str, **params: str) -> Any:
@@ -48,7 +35,7 @@ def get(api: Api, route: str, **params: str) -> Any:
     response = api.response("ipycloud", "api", *route.split("/"), params=params or None,
                             request_timeout=REQUEST_TIMEOUT_S)
     assert response.code == 200, (route, response.code, response.body[:200])
-    return strict(response.body)
+    return loads(response.body)
 
 
 def listed(api: Api) -> list[str]:
@@ -76,7 +63,7 @@ def test_bad_record_lines_leave_the_runs_listed_in_strict_json(api: Api,
     good = write_run(in_folder(jp_root_dir / "good", LIVE), LIVE)
     damaged = write_run(in_folder(jp_root_dir / "damaged", DONE), DONE, at=T0 - 100)
     with damaged.open("a") as file:
-        file.write("".join(line + "\n" for line in BAD_LINES))
+        file.write("".join(line + "\n" for line in HOSTILE_RECORD_LINES))
     assert listed(api) == [LIVE, DONE]
     run = get(api, f"runs/{DONE}")
     assert [line["kind"] for line in run["records"]] == ["start", "step", "step", "step"]

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_fixtures import *  # noqa: F403
 from server_fixtures import Api
-from test_server_hostile_runs import BAD_LINES, strict
+from strict_json import HOSTILE_RECORD_LINES, loads
 from test_server_runs import LIVE, in_folder, inline, write_run
 
 from ipycloud.runtime.runs import records
@@ -85,7 +85,7 @@ record = st.tuples(st.sampled_from(records.KINDS), counts, counts, figures).map(
     lambda parts: {**parts[3], "kind": parts[0], "step": parts[1], "epoch": parts[2],
                    "status": "finished"})
 hostile_line = st.one_of(
-    st.sampled_from(BAD_LINES),
+    st.sampled_from(HOSTILE_RECORD_LINES),
     st.binary(max_size=60).filter(lambda line: b"\n" not in line),
     st.tuples(st.sampled_from(records.KINDS), st.one_of(
         st.sampled_from([math.inf, -math.inf, math.nan, 1e300, -1.0]),
@@ -128,8 +128,8 @@ def test_any_log_gives_its_records_in_strict_json(tmp_path_factory: pytest.TempP
             else:
                 file.write((line if isinstance(line, bytes) else line.encode()) + b"\n")
     finder = RunFinder(root, background=inline)
-    [run] = strict(finder.runs_json(()).encode())["runs"]
+    [run] = loads(finder.runs_json(()).encode())["runs"]
     assert run["id"] == LIVE
     answer = finder.run_json(LIVE, (), None)
     assert answer is not None
-    assert strict(answer.encode())["records"] == good
+    assert loads(answer.encode())["records"] == good
