@@ -119,6 +119,39 @@ except FitInterrupted:
 """  # the workers' files are named after them: /dev/shm/torch_<pid>_...
 
 
+DESCRIPTORS_SCRIPT = """\
+import os, torch, ipycloud
+from torch.utils.data import DataLoader, TensorDataset
+
+def descriptors():
+    return sorted(int(fd) for fd in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{{fd}}"))  # not the listing's own
+
+class Breaks(torch.nn.Linear):
+    calls = 0
+    raised_on = None
+    def forward(self, inputs):
+        Breaks.calls += 1
+        if Breaks.calls == 3:
+            Breaks.raised_on = inputs
+            raise RuntimeError("the model broke")
+        return super().forward(inputs).pow(2).mean()
+
+data = DataLoader(TensorDataset(torch.randn(512, 16)), batch_size=8, num_workers=2,
+                  {options})
+model = Breaks(16, 3)
+before = descriptors()
+try:
+    ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=1,
+                 device="cpu", progress=False)
+except RuntimeError as error:
+    held = error  # with its traceback, as a notebook holds the last one
+# the batch the traceback holds stays in shared memory, by one descriptor
+batch_descriptor, _size = Breaks.raised_on.untyped_storage()._share_fd_cpu_()
+print(held.__traceback__ is not None, descriptors() == sorted([*before, batch_descriptor]))
+"""
+
+
 def run_script(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run ``command`` to its end; the test fails if it does not exit by itself (it and
     every process it started are killed then)."""
@@ -350,3 +383,13 @@ def test_a_run_stopped_mid_epoch_leaves_no_batch_in_shared_memory(
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.splitlines()[0] == "in flight: True"
     assert completed.stdout.splitlines()[-1] == "left in shared memory: []"
+
+
+@pytest.mark.parametrize("options", ["", "persistent_workers=True"])
+def test_a_failed_fit_leaves_no_descriptor_of_its_loader_open(
+        tmp_path: Path, options: str) -> None:
+    """The traceback of a failed ``fit`` holds its loader's iterator: the pipes to its
+    workers and the batches received ahead of their turn are closed all the same."""
+    (tmp_path / "train.py").write_text(DESCRIPTORS_SCRIPT.format(options=options))
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert (completed.returncode, completed.stdout) == (0, "True True\n"), completed.stderr

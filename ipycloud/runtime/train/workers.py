@@ -9,6 +9,10 @@ them through are finalized first). ``fit`` shuts its workers down itself.
 Under torch's "file_system" sharing strategy a batch a worker sent is a file in shared
 memory until it is received, and one never received stays until the process exits: the
 batches still in flight are received and dropped first.
+
+torch's shutdown ends the workers but leaves the iterator's pipes open (a queue's reader and
+writer, each worker's sentinel) and the batches it received out of order, in shared memory:
+held by a traceback, they would stay open until it goes. ``fit`` releases them too.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class LoaderIterators:
             if _shares_by_file():
                 _drop_batches_in_flight(iterator)
             iterator._shutdown_workers()
+            _release_descriptors(iterator)
             if getattr(data, "_iterator", None) is iterator:
                 data._iterator = None
 
@@ -66,3 +71,25 @@ def _drop_batches_in_flight(iterator: Any) -> None:
             received, item = iterator._try_get_data(timeout=left)
             if received:
                 waiting.discard(item[0])
+
+
+def _release_descriptors(iterator: Any) -> None:
+    """Close the pipes of ``iterator``, whose workers were shut down, and drop the batches
+    it received ahead of their turn (each holds a descriptor in shared memory)."""
+    for queue in (*iterator._index_queues, iterator._worker_result_queue):
+        _close_queue(queue)
+    for worker in iterator._workers:
+        with contextlib.suppress(ValueError):  # one still running keeps its sentinel
+            worker.close()
+    iterator._task_info.clear()
+
+
+def _close_queue(queue: Any) -> None:
+    """Close both ends of a multiprocessing queue of this process."""
+    queue.cancel_join_thread()
+    queue.close()  # a feeder thread, where one started, closes both ends as it ends
+    if queue._thread is None:
+        queue._reader.close()
+        queue._writer.close()
+    else:
+        queue._thread.join(DRAIN_S)
