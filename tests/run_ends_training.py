@@ -127,6 +127,9 @@ def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 
 
+HELD_BATCH = "/dev/shm/torch_"  # a tensor's storage a worker sent through shared memory
+
+
 def _descriptors() -> dict[str, str]:
     found = {}
     for fd in os.listdir("/proc/self/fd"):
@@ -148,17 +151,20 @@ def _workers() -> list[psutil.Process]:
             and not any(helper in part for part in child.cmdline() for helper in NOT_WORKERS)]
 
 
-def _note_after_fit(signals: Path, before: dict[str, str]) -> None:
+def _note_after_fit(signals: Path, before: dict[str, str], failed: bool) -> None:
     """What this process holds as ``fit`` has returned or raised: its live children (the
     loaders' workers must be gone) and, in a process alone (a rank's are the group's),
     the descriptors ``fit`` left open: after SETTLE_S for what ends a moment later (a
-    worker being reaped, the record's file closed by its writer thread)."""
+    worker being reaped, the record's file closed by its writer thread). Where ``fit``
+    raised, the traceback holds the batch the run failed on, for inspection: its tensors'
+    shared memory is not counted, every pipe, socket and file is."""
     ended_at = time.time()
     deadline = time.monotonic() + SETTLE_S
     while True:
         children = _workers()
         after = {} if torch.distributed.is_initialized() else _descriptors()
-        opened = sorted(target for fd, target in after.items() if before.get(fd) != target)
+        opened = sorted(target for fd, target in after.items() if before.get(fd) != target
+                        and not (failed and target.startswith(HELD_BATCH)))
         if not (children or opened) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -192,8 +198,10 @@ def train(spec: dict[str, Any]) -> None:
                      release=spec["end"] == "release=True",
                      callbacks=[EndAt(end, model, signals, Path(spec["checkpoint"]))],
                      **validation)
-    finally:
-        _note_after_fit(signals, before)
+    except BaseException:
+        _note_after_fit(signals, before, failed=True)
+        raise
+    _note_after_fit(signals, before, failed=False)
 
 
 def main(spec_path: str) -> None:

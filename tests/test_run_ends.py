@@ -35,11 +35,7 @@ SHORT: list[Any] = [
     Cell("NaN metric", "script", "pin_memory"),
     Cell("SIGKILL", "script", "persistent workers"),
     Cell("SIGKILL", "launch(nprocs=2)", "2 workers"),
-    pytest.param(Cell("sys.exit in a callback", "script", "2 workers"),
-                 marks=pytest.mark.xfail(reason=(
-                     "fit that raises leaves its DataLoader iterator's pipes and shared "
-                     "memory descriptors open, held by the traceback (workers are gone)"),
-                     strict=False)),
+    Cell("sys.exit in a callback", "script", "2 workers"),
     Cell("release=True", "script", "DataLoader, no workers"),
 ]
 
