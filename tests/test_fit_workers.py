@@ -77,7 +77,7 @@ from ipycloud.runtime.train.data import EpochData, loader
 
 ds = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randint(0, 3, (256,)))
 batches = EpochData(loader(ds, batch_size=16, num_workers=2), seed=0).epoch_batches()
-next(batches)
+next(batches), next(batches)  # one from each worker: both are past their worker_init_fn
 workers = [str(worker.pid) for worker in psutil.Process().children()]
 subprocess.run(["kill", "-TERM", *workers], check=True)  # another's: the machine going away
 next(batches)
