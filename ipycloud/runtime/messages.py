@@ -17,6 +17,11 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def os_reason(error: BaseException) -> str | None:
+    """The operating system's words for an OSError ("Not a directory"), else None."""
+    return error.strerror if isinstance(error, OSError) and error.strerror else None
+
+
 def describe_error(error: BaseException) -> str:
     """``Type: message`` on one line (just ``Type`` when there is no message), for logs and
     notices that list failures."""

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ipycloud.runtime.messages import os_reason
 from ipycloud.runtime.untrusted import load_json, read_small
 
 PRICES_ENV = "IPYCLOUD_PRICES"
@@ -201,7 +202,7 @@ def _read_json(origin: str, read: Callable[[], bytes | str]) -> Any:
     try:
         text = read()
     except (OSError, ValueError) as error:  # ValueError: too large, or text not UTF-8
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        reason = os_reason(error) or error
         raise PriceError(f"{origin}: cannot read the price file: {reason}") from None
     try:
         return load_json(text)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.durable import write_bytes_atomically
+from ipycloud.runtime.messages import os_reason
 from ipycloud.runtime.notify.quiet import quieted
 from ipycloud.runtime.untrusted import load_json, read_small
 
@@ -49,8 +50,7 @@ def saved_urls() -> list[str]:
     except FileNotFoundError:
         return []
     except (OSError, ValueError) as error:  # not a regular file, too large, not JSON
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else (
-            type(error).__name__)
+        reason = os_reason(error) or type(error).__name__
         raise ValueError(f"cannot read {path}: {reason}: fix or delete it") from None
     urls = content.get("urls") if isinstance(content, dict) else None
     if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls):

@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from ipycloud.runtime.messages import os_reason
+
 
 def check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
                     max_steps: Any, grad_accum: Any, log_every: Any) -> None:
@@ -78,7 +80,7 @@ def unreadable_at_start(directory: Any, error: BaseException) -> Exception:
     """The error for a checkpoint folder that cannot be read before training starts."""
     from ipycloud.runtime.checkpoint import CheckpointStorageError
 
-    why = error.strerror if isinstance(error, OSError) and error.strerror else error
+    why = os_reason(error) or error
     return CheckpointStorageError(f"cannot read the folder {directory}: {why}: nothing was "
                                   "trained; rerun once it can be read (a lost Drive mount: "
                                   "%mount_storage drive --force)")
