@@ -88,8 +88,9 @@ def train_data(kind: str) -> Any:
 
 class EndAt:
     """At step END_AT of a run whose end is armed, once a checkpoint of the run is
-    committed (a background save may take a while): end it as ``end`` says, or, for an
-    end the driver brings (a signal), say so and wait for the driver's ``go``."""
+    committed (a background save may take a while) and the run is on record: end it as
+    ``end`` says, or, for an end the driver brings (a signal), say so and wait for the
+    driver's ``go``."""
 
     def __init__(self, end: str, model: Model, signals: Path, checkpoint: Path) -> None:
         self.end, self.model, self.signals, self.checkpoint = end, model, signals, checkpoint
@@ -98,6 +99,10 @@ class EndAt:
         if step != END_AT or self.end == "finishes":
             return
         _wait_for(lambda: any(self.checkpoint.glob("step-*.json")))
+        # and the record's first line written (at once, but by a thread of its own that a
+        # busy machine may hold back): a kill must find the run on record
+        _wait_for(lambda: any(log.stat().st_size for log in
+                              self.checkpoint.glob(".ipycloud-runs/*.jsonl")))
         if self.end == "the model raises":
             self.model.failure = "raise"
         elif self.end == "NaN loss":

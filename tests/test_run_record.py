@@ -306,6 +306,22 @@ def test_a_checkpoint_written_in_the_background_is_recorded_before_the_next_save
     assert kinds.index(("step", 9)) <= kinds.index(("checkpoint", 8)) <= kinds.index(("step", 14))
 
 
+
+def test_a_runs_start_and_its_checkpoints_are_written_at_once_for_a_kill_loses_them_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(appender, "WRITE_EVERY_S", 3600.0)  # no timed round during the run
+
+    def kinds() -> list[str]:
+        log = next((tmp_path / RECORD_FOLDER).glob("*.jsonl"), None)
+        return [] if log is None else [line["kind"] for line in read_records(log)]
+
+    # saves at steps 2 and 4, each written before the next begins: step 2's is told by
+    # step 5; a process killed at step 1 or 6 leaves the run on record, with a checkpoint
+    train(tmp_path, epochs=1, checkpoint_every=2, callbacks=[At({
+        1: lambda: wait_for(lambda: "start" in kinds(), what="the start line"),
+        6: lambda: wait_for(lambda: "checkpoint" in kinds(), what="a checkpoint line")})])
+
+
 RUN_ID_OF_ANOTHER_PROCESS = """
 import sys
 from ipycloud.runtime.checkpoint import CheckpointManager

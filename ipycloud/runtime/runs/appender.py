@@ -5,7 +5,8 @@ no thread); every WRITE_EVERY_S the thread turns what is queued into lines (``en
 done there, many at a time, rather than on the training thread between two steps) and
 writes them in one ``os.write`` on a descriptor opened with O_APPEND, so a process killed
 outright loses at most the lines of its last quarter second, and training shares the
-interpreter with the thread only that often. ``flush`` writes at once. Where the file
+interpreter with the thread only that often. ``write_soon`` wakes the thread for the
+lines that matter most (a run's start, a checkpoint); ``flush`` waits for them. Where the file
 cannot be written (a Drive mount gone, a full or read-only disk) the lines wait in memory
 (beyond MAX_WAITING of them, records marked droppable are dropped), and the thread tries
 again every RETRY_S seconds, reopening the file. ``failure`` says what went wrong, for the
@@ -76,6 +77,11 @@ class Appender:
         """Run ``task`` on the thread after the lines queued so far are written or kept."""
         self._queued += 1
         self._queue.put(task)
+
+    def write_soon(self) -> None:
+        """Have the thread write what is queued now, not at its next round (waits for
+        nothing): for the lines a process killed outright must not lose."""
+        self._wake.set()
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for what is queued to be written; whether it is.

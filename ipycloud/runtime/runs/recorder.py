@@ -54,6 +54,7 @@ class RunRecorder:
         entry = {"run": self.run, "log": str(self.appender.path), "pid": line["pid"],
                  "host": line["host"], "kernel": line["kernel"], "started": line["t"]}
         self.appender.call(lambda: records.write_index_entry(self.run, entry))
+        self.appender.write_soon()  # a run killed in its first moments is still on record
 
     def stepped(self, row: dict[str, Any]) -> None:
         self._write(records.STEP, row, droppable=True)
@@ -63,6 +64,7 @@ class RunRecorder:
 
     def checkpointed(self, checkpoint: dict[str, Any]) -> None:
         self._write(records.CHECKPOINT, checkpoint)
+        self.appender.write_soon()  # the record names the checkpoint a rerun resumes from
 
     def happened(self, event: str, message: str) -> None:
         self._write(records.EVENT, {"event": event, "message": message})
