@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -232,32 +231,8 @@ def walk(root: Path, clock: Callable[[], float] = time.monotonic) -> list[Path]:
     skips hidden folders, SKIPPED_FOLDERS and links, and stops at SCAN_DEPTH folders down,
     SCAN_FOLDERS folders read or SCAN_SECONDS, whichever comes first."""
     deadline = clock() + SCAN_SECONDS
-    logs: list[Path] = []
-    pending = deque([(root, 0)])  # breadth first: a bound stops the walk in the deepest
-    read = 0
-    while pending and read < SCAN_FOLDERS and clock() < deadline:
-        folder, depth = pending.popleft()
-        read += 1
-        try:
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    if not entry.is_dir(follow_symlinks=False):
-                        continue
-                    if entry.name == records.RECORD_FOLDER:
-                        logs.extend(_logs_in(Path(entry.path)))
-                    elif (depth < SCAN_DEPTH and not entry.name.startswith(".")
-                          and entry.name not in SKIPPED_FOLDERS):
-                        pending.append((Path(entry.path), depth + 1))
-        except OSError:  # a folder that cannot be read (permissions, a vanished mount)
-            continue
-    return logs
-
-
-def _logs_in(folder: Path) -> list[Path]:
-    try:
-        return records.logs_in(folder)
-    except OSError:
-        return []
+    return records.find_logs(root, SCAN_DEPTH, SCAN_FOLDERS, skipped=SKIPPED_FOLDERS,
+                             until=lambda: clock() >= deadline)
 
 
 def _is_file(path: Path) -> bool:

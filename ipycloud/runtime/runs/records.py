@@ -13,12 +13,14 @@ folder).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
 import warnings
 from collections import deque
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -173,26 +175,30 @@ def _logs_of(folder: Path) -> list[Path]:
                 and entry.is_file(follow_symlinks=False)]
 
 
-def find_logs(root: Path, depth: int = SEARCH_DEPTH, most: int = SEARCH_FOLDERS) -> list[Path]:
+def find_logs(root: Path, depth: int = SEARCH_DEPTH, most: int = SEARCH_FOLDERS,
+              skipped: Collection[str] = (), until: Callable[[], bool] = lambda: False
+              ) -> list[Path]:
     """The logs in the ``.ipycloud-runs`` folders under ``root``, found breadth first down
-    to ``depth`` folders below it, reading ``most`` folders at most; hidden folders and
-    links are passed by (no loop), and a folder that cannot be read is left out."""
+    to ``depth`` folders below it, reading ``most`` folders at most, and none once
+    ``until()`` is true; hidden folders, ``skipped`` ones and links are passed by (no
+    loop), and a folder that cannot be read is left out."""
     logs: list[Path] = []
-    pending = deque([(root, 0)])
+    pending = deque([(root, 0)])  # breadth first: a bound stops the search in the deepest
     read = 0
-    while pending and read < most:
+    while pending and read < most and not until():
         folder, below = pending.popleft()
         read += 1
         try:
             with os.scandir(folder) as entries:
                 folders = [entry for entry in entries if entry.is_dir(follow_symlinks=False)]
-            for entry in folders:
-                if entry.name == RECORD_FOLDER:
-                    logs.extend(_logs_of(Path(entry.path)))
-                elif below < depth and not entry.name.startswith("."):
-                    pending.append((Path(entry.path), below + 1))
         except OSError:  # permissions, a mount gone
             continue
+        for entry in folders:
+            if entry.name == RECORD_FOLDER:
+                with contextlib.suppress(OSError):
+                    logs.extend(_logs_of(Path(entry.path)))
+            elif below < depth and not entry.name.startswith(".") and entry.name not in skipped:
+                pending.append((Path(entry.path), below + 1))
     return logs
 
 
