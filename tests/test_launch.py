@@ -271,6 +271,35 @@ def test_interrupting_the_kernel_stops_every_rank(tmp_path: Path) -> None:
         assert not psutil.pid_exists(int(path.read_text()))
 
 
+def slow_to_stop(folder: str) -> None:
+    """A rank that takes a while to end on SIGTERM, as one saving a checkpoint does."""
+    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), os._exit(0)))
+    Path(folder, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_a_second_interrupt_while_the_ranks_stop_leaves_none_running(tmp_path: Path) -> None:
+    pid_files = [tmp_path / "0.pid", tmp_path / "1.pid"]
+
+    def interrupt_twice_once_running() -> None:
+        deadline = time.monotonic() + PROMPT_S
+        while not all(path.exists() for path in pid_files) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)  # the ranks are being stopped: each takes 2 s
+        os.kill(os.getpid(), signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt_twice_once_running)
+    interrupter.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch(slow_to_stop, str(tmp_path), nprocs=2)
+    finally:
+        interrupter.join()
+    for path in pid_files:  # reaped before the interrupt went on
+        assert not psutil.pid_exists(int(path.read_text()))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
 KERNEL_LAUNCHING = """
 import os, sys, time
 from pathlib import Path

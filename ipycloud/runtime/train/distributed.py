@@ -599,8 +599,32 @@ def _launch_error(failure: _Failure, nprocs: int) -> LaunchError:
                        remote_traceback=failure.traceback)
 
 
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C is held meanwhile and raised after (where this is the main thread): a second
+    press while the ranks are being stopped (a bounded wait) must not leave them running,
+    unreaped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: pressed.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pressed and callable(previous):
+            previous(signal.SIGINT, None)
+
+
 def _stop(workers: list[_Worker], grace: float) -> None:
-    """Let workers exit within ``grace`` seconds, then terminate, then kill; bounded waits."""
+    """Let workers exit within ``grace`` seconds, then terminate, then kill; bounded waits,
+    which Ctrl-C does not cut short."""
+    with _interrupts_held():
+        _end(workers, grace)
+
+
+def _end(workers: list[_Worker], grace: float) -> None:
     deadline = time.monotonic() + grace
     for worker in workers:
         worker.process.join(max(0.0, deadline - time.monotonic()))
