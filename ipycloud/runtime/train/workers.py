@@ -12,7 +12,8 @@ batches still in flight are received and dropped first.
 
 torch's shutdown ends the workers but leaves the iterator's pipes open (a queue's reader and
 writer, each worker's sentinel) and the batches it received out of order, in shared memory:
-held by a traceback, they would stay open until it goes. ``fit`` releases them too.
+held by a traceback, they would stay open until it goes. ``fit`` releases them too, and
+stops the resource tracker a spawn context started (``semaphores``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import contextlib
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
+
+from ipycloud.runtime.train import semaphores
 
 DRAIN_S = 5.0  # at most, for the workers to hand over the batches they were asked for
 
@@ -31,6 +34,7 @@ class LoaderIterators:
 
     def __init__(self) -> None:
         self._open: dict[int, tuple[Any, Any]] = {}  # id(data): (data, its iterator)
+        self._tracker_was_running = semaphores.tracker_running()
 
     def iterate(self, data: Iterable[Any]) -> Iterator[Any]:
         """``iter(data)``, remembered where it runs worker processes."""
@@ -42,6 +46,7 @@ class LoaderIterators:
     def close(self) -> None:
         """End the workers of every iterator made; a DataLoader whose workers persist
         starts new ones when read again."""
+        closed = bool(self._open)
         while self._open:
             data, iterator = self._open.popitem()[1]
             if _shares_by_file():
@@ -50,6 +55,8 @@ class LoaderIterators:
             _release_descriptors(iterator)
             if getattr(data, "_iterator", None) is iterator:
                 data._iterator = None
+        if closed and not self._tracker_was_running and semaphores.tracker_running():
+            semaphores.stop_tracker()  # started for the loaders' semaphores: see semaphores
 
 
 def _shares_by_file() -> bool:
