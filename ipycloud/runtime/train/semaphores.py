@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 TRACKER_EXIT_S = 2.0  # at most, for the tracker to end once its pipe is closed
 
@@ -23,7 +24,8 @@ def tracker_running() -> bool:
     """Whether this process has multiprocessing's resource tracker running."""
     from multiprocessing import resource_tracker
 
-    return resource_tracker._resource_tracker._fd is not None
+    tracker: Any = resource_tracker._resource_tracker  # its state is not public
+    return tracker._fd is not None
 
 
 def stop_tracker() -> None:
@@ -32,7 +34,7 @@ def stop_tracker() -> None:
     is left to end with them)."""
     from multiprocessing import resource_tracker
 
-    tracker = resource_tracker._resource_tracker
+    tracker: Any = resource_tracker._resource_tracker
     with tracker._lock:
         fd, pid = tracker._fd, tracker._pid
         if fd is None or pid is None:  # none, or one a parent process started
