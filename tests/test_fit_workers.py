@@ -192,6 +192,33 @@ def test_workers_left_running_ignore_others_sigterm_and_end_with_the_script(
         completed.stderr[-3000:]
 
 
+SPAWN_SCRIPT = """\
+import gc, torch, ipycloud
+from torch.utils.data import DataLoader, TensorDataset
+
+if __name__ == "__main__":  # a spawned worker imports this file
+    data = DataLoader(TensorDataset(torch.randn(64, 16), torch.randint(0, 3, (64,))),
+                      batch_size=16, num_workers=1, persistent_workers=True,
+                      multiprocessing_context="spawn")
+    m = torch.nn.Linear(16, 3)
+    ipycloud.fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data, epochs=2,
+                 loss_fn=torch.nn.functional.cross_entropy, progress=False)
+    del data
+    gc.collect()  # the loader's iterator, a reference cycle, and its semaphores go
+    print("returned")
+"""
+
+
+def test_a_spawn_loaders_semaphores_are_removed_once_without_a_word(tmp_path: Path) -> None:
+    """fit stops the resource tracker it started; had the semaphores still been registered
+    with it, it would have removed them saying they leaked, and their own removal, as the
+    loader is collected, would have failed."""
+    (tmp_path / "train.py").write_text(SPAWN_SCRIPT)
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert (completed.returncode, completed.stdout) == (0, "returned\n"), completed.stderr
+    assert "leaked semaphore" not in completed.stderr
+    assert "Exception ignored" not in completed.stderr
+
 def test_launch_ranks_leave_no_worker_and_the_script_exits_by_itself(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(RANKS_SCRIPT.format(
         call="ipycloud.launch(train, nprocs=2)"))

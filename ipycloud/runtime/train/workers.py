@@ -13,7 +13,7 @@ batches still in flight are received and dropped first.
 torch's shutdown ends the workers but leaves the iterator's pipes open (a queue's reader and
 writer, each worker's sentinel) and the batches it received out of order, in shared memory:
 held by a traceback, they would stay open until it goes. ``fit`` releases them too, and
-stops the resource tracker a spawn context started (``semaphores``).
+a spawn context's semaphores and resource tracker (``semaphores``).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class LoaderIterators:
                 _drop_batches_in_flight(iterator)
             iterator._shutdown_workers()
             _release_descriptors(iterator)
+            semaphores.unlink_semaphores(iterator)
             if getattr(data, "_iterator", None) is iterator:
                 data._iterator = None
         if closed and not self._tracker_was_running and semaphores.tracker_running():
