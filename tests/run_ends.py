@@ -11,8 +11,8 @@ run again, disarmed: the rerun README describes. After each run of a cell:
 - the process (the kernel's shutdown, the torchrun agents) ended by itself within
   END_LIMIT_S of ``fit``'s end (or of the signal);
 - nothing it started is left END_LIMIT_S later (this process is a child subreaper, so
-  orphans reach it, those started in new sessions too), and no new shared memory file
-  is left in /dev/shm;
+  orphans reach it, those started in new sessions too), and it left no file in /dev/shm
+  (a tmpfs of its own there, as root: ``shared_memory_scope``);
 - in a kernel that trains once more, ``repeats`` times in all, the kernel holds no more
   processes and descriptors than after the first time.
 
@@ -44,6 +44,7 @@ from kernels import ready
 from local_nodes import LocalNodes
 from preloaded_python import PreloadedPython
 from process_helpers import ended
+from shared_memory_scope import SharedMemoryScope
 from soak_processes import reap_zombies, subreaper
 from strict_json import loads
 
@@ -358,55 +359,38 @@ def _ours() -> set[int]:
     return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
-def _shared_memory() -> set[str]:
-    return set(os.listdir("/dev/shm"))
-
-
-def _held_by_nobody(names: set[str]) -> list[str]:
-    """Those of ``names`` (in /dev/shm) that no live process has open or mapped: left
-    behind (those another process holds are its own, not the run's)."""
-    held: set[str] = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            held.update(line.rsplit("/dev/shm/", 1)[-1].split(" ")[0] for line in
-                        Path(f"/proc/{pid}/maps").read_text().splitlines()
-                        if "/dev/shm/" in line)
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    held.add(os.readlink(f"/proc/{pid}/fd/{fd}").rsplit("/dev/shm/", 1)[-1])
-    return sorted(name for name in names if name not in held)
-
-
 def _notes(signals: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in signals.glob("after-fit-*.json")]
 
 
 def run_once(cell: Cell, folder: Path, armed: bool, environment: dict[str, str],
-             repeats: int = 1, limit_s: float = END_LIMIT_S
-             ) -> tuple[RunResult, dict[str, int]]:
+             shared_memory: SharedMemoryScope, repeats: int = 1,
+             limit_s: float = END_LIMIT_S) -> tuple[RunResult, dict[str, int]]:
     """Run ``cell`` once in ``folder`` (armed: brought to its end; else the rerun) and
     measure what it left, its processes given ``limit_s`` to end; the kernel's counts
-    when ``repeats`` > 1 (a kernel front)."""
+    when ``repeats`` > 1 (a kernel front). ``shared_memory``: the scope (entered) that
+    tells the run's files in /dev/shm apart."""
     result, counts = RunResult(), {}
     signals = folder / "signals"
     shutil.rmtree(signals, ignore_errors=True)
     signals.mkdir(parents=True)
-    before, shared_before = _ours(), _shared_memory()
-    run = FRONT_RUNS[cell.front](cell, folder, armed, environment)
-    run.start()
-    try:
-        end_began = _bring_to_its_end(run, cell, armed, signals)
-        if isinstance(run, KernelRun) and repeats > 1 and run.kernel_alive():
-            counts = run.train_again(repeats - 1)
-        began = run.finish() or end_began
-        result.ended_by_itself, result.seconds_to_end = _ended_by_itself(run, began,
-                                                                         signals, limit_s)
-    finally:
-        result.output = run.output[-4000:]
-        if isinstance(run, KernelRun) or result.ended_by_itself is False:
-            run.stop()
-    result.processes_left = _left_behind(before, limit_s)
-    result.shared_memory_left = _held_by_nobody(_shared_memory() - shared_before)
+    before = _ours()
+    with shared_memory.run() as shared_files:
+        run = FRONT_RUNS[cell.front](cell, folder, armed, environment)
+        run.start()
+        try:
+            end_began = _bring_to_its_end(run, cell, armed, signals)
+            if isinstance(run, KernelRun) and repeats > 1 and run.kernel_alive():
+                counts = run.train_again(repeats - 1)
+            began = run.finish() or end_began
+            result.ended_by_itself, result.seconds_to_end = _ended_by_itself(
+                run, began, signals, limit_s)
+        finally:
+            result.output = run.output[-4000:]
+            if isinstance(run, KernelRun) or result.ended_by_itself is False:
+                run.stop()
+        result.processes_left = _left_behind(before, limit_s)
+    result.shared_memory_left = shared_files.found
     for note in _notes(signals):
         result.workers_after_fit += note["children"]
         result.descriptors_left_open += note["descriptors_opened"]
@@ -495,11 +479,14 @@ class Harness:
     def __enter__(self) -> Harness:
         self._subreaper = subreaper()
         self._subreaper.__enter__()
+        # before the preloaded interpreter starts: it shares the runs' /dev/shm
+        self.shared_memory = SharedMemoryScope().__enter__()
         ScriptRun.interpreter = PreloadedPython(environment_for(Path(tempfile.gettempdir())))
         return self
 
     def __exit__(self, *exc: object) -> None:
         ScriptRun.interpreter.close()
+        self.shared_memory.__exit__(None, None, None)
         self._subreaper.__exit__(None, None, None)
 
     def run_cell(self, cell: Cell, base: Path, repeats: int = 1) -> CellResult:
@@ -512,13 +499,14 @@ class Harness:
         runs_of_the_cell: list[RunResult] = []
         try:
             folder.mkdir(parents=True)
-            first, result.kernel_repeats = run_once(cell, folder, True, environment, repeats,
-                                                    self.limit_s)
+            first, result.kernel_repeats = run_once(cell, folder, True, environment,
+                                                    self.shared_memory, repeats, self.limit_s)
             runs_of_the_cell.append(first)
             summary = _check_record(cell, checkpoints, result, AFTER_THE_END)
             lines = len(strict_lines(checkpoints)[0])
             result.unloadable_checkpoints += _unloadable(checkpoints)
-            rerun, _ = run_once(cell, folder, False, environment, limit_s=self.limit_s)
+            rerun, _ = run_once(cell, folder, False, environment, self.shared_memory,
+                                limit_s=self.limit_s)
             runs_of_the_cell.append(rerun)
             result.rerun_ok = _rerun_did_what_readme_says(cell, checkpoints, summary, lines,
                                                           rerun, result)
