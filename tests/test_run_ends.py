@@ -58,7 +58,6 @@ def test_the_run_ends_by_itself_leaves_nothing_and_reruns_as_readme_says(
 def test_the_short_version_covers_every_end_front_and_kind_of_data() -> None:
     from run_ends import DATA, ENDS, FRONTS
 
-    cells = SHORT
-    assert {cell.end for cell in cells} == set(ENDS)
-    assert {cell.front for cell in cells} == set(FRONTS)
-    assert {cell.data for cell in cells} == set(DATA)
+    assert {cell.end for cell in SHORT} == set(ENDS)
+    assert {cell.front for cell in SHORT} == set(FRONTS)
+    assert {cell.data for cell in SHORT} == set(DATA)
