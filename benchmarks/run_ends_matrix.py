@@ -10,17 +10,20 @@ finishes trains ten times in its kernel, which must then hold no more processes 
 descriptors than after the first time.
 
 Run: ``python benchmarks/run_ends_matrix.py [--jobs N] [--budget-s S] [--front F ...]
-[--end E ...] [--data D ...]``; results go to ``benchmarks/results/run_ends_matrix.json``,
-rewritten after every cell. Cells are run in an order that tries every meeting of two
-(an end and a front, an end and a kind of data, a front and a kind of data) as early as
-it can; those a time budget leaves out are listed as not run, with why. ``--jobs`` runs
-that many cells at once, each in a process of its own.
+[--end E ...] [--data D ...] [--go-on]``; results go to
+``benchmarks/results/run_ends_matrix.json``, rewritten after every cell (``--go-on``
+keeps the cells it holds, and runs the others: a matrix run in several sittings; the
+seconds add up, the budget is this sitting's). Cells are run in an order that tries
+every meeting of two (an end and a front, an end and a kind of data, a front and a kind
+of data) as early as it can; those a time budget leaves out are listed as not run, with
+why. ``--jobs`` runs that many cells at once, each in a process of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import os
 import sys
 import tempfile
@@ -99,14 +102,20 @@ def main() -> None:
     parser.add_argument("--front", action="append", choices=FRONTS)
     parser.add_argument("--end", action="append", choices=ENDS)
     parser.add_argument("--data", action="append", choices=DATA)
+    parser.add_argument("--go-on", action="store_true",
+                        help="keep the cells the results hold and run the others")
     args = parser.parse_args()
+    earlier = json.loads(RESULTS.read_text()) if args.go_on else {}
+    results: list[dict[str, Any]] = earlier.get("cells", [])
+    done = {result["cell"] for result in results}
     cells = covering_order([
         cell for cell in all_cells()
-        if cell not in NOT_APPLICABLE and (not args.front or cell.front in args.front)
+        if cell not in NOT_APPLICABLE and cell.describe() not in done
+        and (not args.front or cell.front in args.front)
         and (not args.end or cell.end in args.end)
         and (not args.data or cell.data in args.data)])
-    began, load_before = time.monotonic(), os.getloadavg()[0]
-    results: list[dict[str, Any]] = []
+    sitting, load_before = time.monotonic(), os.getloadavg()[0]
+    began = sitting - earlier.get("seconds", 0.0)  # of the whole matrix, all sittings
     not_run: list[dict[str, str]] = [{"cell": cell.describe(), "why": why}
                                      for cell, why in NOT_APPLICABLE.items()]
 
@@ -128,7 +137,7 @@ def main() -> None:
         running: set[concurrent.futures.Future[dict[str, Any]]] = set()
         while True:
             out_of_time = args.budget_s is not None and \
-                time.monotonic() - began > args.budget_s
+                time.monotonic() - sitting > args.budget_s
             while len(running) < args.jobs and not out_of_time:
                 cell = next(pending, None)
                 if cell is None:
