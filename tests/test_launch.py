@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -248,24 +248,32 @@ def test_a_failing_rank_stops_a_peer_that_would_never_finish(tmp_path: Path) -> 
     assert not psutil.pid_exists(peer)  # terminated and reaped, not left sleeping
 
 
-def test_interrupting_the_kernel_stops_every_rank(tmp_path: Path) -> None:
-    """The kernel's interrupt button sends SIGINT to the kernel process: here, this one."""
-    pid_files = [tmp_path / "0.pid", tmp_path / "1.pid"]
+@contextlib.contextmanager
+def interrupted(folder: Path, times: int = 1) -> Iterator[list[Path]]:
+    """SIGINT to this process (the kernel's interrupt button) once both ranks wrote their
+    pid into ``folder``, ``times`` times, 0.5 s apart; the ranks' pid files."""
+    pid_files = [folder / "0.pid", folder / "1.pid"]
 
     def interrupt_once_running() -> None:
         deadline = time.monotonic() + PROMPT_S
         while not all(path.exists() for path in pid_files) and time.monotonic() < deadline:
             time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
+        for time_ in range(times):
+            time.sleep(0.5 if time_ else 0.0)
+            os.kill(os.getpid(), signal.SIGINT)
 
     interrupter = threading.Thread(target=interrupt_once_running)
     interrupter.start()
-    started = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
-            launch(sleep_forever, str(tmp_path), nprocs=2)
+        yield pid_files
     finally:
         interrupter.join()
+
+
+def test_interrupting_the_kernel_stops_every_rank(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with interrupted(tmp_path) as pid_files, pytest.raises(KeyboardInterrupt):
+        launch(sleep_forever, str(tmp_path), nprocs=2)
     assert time.monotonic() - started < PROMPT_S
     for path in pid_files:
         assert not psutil.pid_exists(int(path.read_text()))
@@ -279,23 +287,9 @@ def slow_to_stop(folder: str) -> None:
 
 
 def test_a_second_interrupt_while_the_ranks_stop_leaves_none_running(tmp_path: Path) -> None:
-    pid_files = [tmp_path / "0.pid", tmp_path / "1.pid"]
-
-    def interrupt_twice_once_running() -> None:
-        deadline = time.monotonic() + PROMPT_S
-        while not all(path.exists() for path in pid_files) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.5)  # the ranks are being stopped: each takes 2 s
-        os.kill(os.getpid(), signal.SIGINT)
-
-    interrupter = threading.Thread(target=interrupt_twice_once_running)
-    interrupter.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            launch(slow_to_stop, str(tmp_path), nprocs=2)
-    finally:
-        interrupter.join()
+    # the second comes while the ranks are being stopped: each takes 2 s
+    with interrupted(tmp_path, times=2) as pid_files, pytest.raises(KeyboardInterrupt):
+        launch(slow_to_stop, str(tmp_path), nprocs=2)
     for path in pid_files:  # reaped before the interrupt went on
         assert not psutil.pid_exists(int(path.read_text()))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
