@@ -315,7 +315,8 @@ class KernelRun(Run):
         if ended(psutil.Process(self.pid)):
             return 0.0
         began = time.time()
-        self.client.shutdown()  # as the notebook's "Shut Down Kernel" asks it
+        if self.cell.end != "release=True":  # that kernel ends by itself once the cell is
+            self.client.shutdown()  # done; else as the notebook's "Shut Down Kernel" asks
         return began
 
     def kernel_alive(self) -> bool:
