@@ -1,5 +1,5 @@
-"""multiprocessing's resource tracker, started by the loaders of a spawn (or forkserver)
-context, ended with ``fit``.
+"""The named semaphores of the loaders of a spawn (or forkserver) context, and the
+resource tracker that watches them, ended with ``fit``.
 
 Under spawn, a loader's queues and events are named semaphores, files in /dev/shm
 (``sem.mp-…``) until their objects are collected, and the first one starts the resource
