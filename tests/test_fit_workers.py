@@ -237,7 +237,8 @@ def test_torchrun_workers_exit_by_themselves(tmp_path: Path) -> None:
                             "--nproc_per_node=2", f"--master_port={port}", "train.py"],
                            tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    assert completed.stdout.count("processes left by fit in each rank: 0\n") == 2
+    assert completed.stdout.count("processes left by fit in each rank: 0\n") == 2, \
+        completed.stdout + completed.stderr[-3000:]
 
 
 # -- every way fit ends, in a forked child whose processes are its own ----------------------
