@@ -56,7 +56,7 @@ ipycloud.fit(m, torch.optim.AdamW(m.parameters()),
 """
 
 RANKS_SCRIPT = """\
-import psutil, torch, ipycloud
+import os, psutil, torch, ipycloud
 
 def train():
     ds = torch.utils.data.TensorDataset(torch.randn(256, 16), torch.randint(0, 3, (256,)))
@@ -67,7 +67,8 @@ def train():
     return len(psutil.Process().children())
 
 if __name__ == "__main__":
-    print("processes left by fit in each rank:", {call})
+    # one write: torchrun's two ranks share the pipe, and print's pieces interleave
+    os.write(1, ("processes left by fit in each rank: " + str({call}) + "\\n").encode())
 """
 
 
