@@ -25,7 +25,7 @@ SHORT: list[Any] = [
     Cell("one interrupt", "kernel", "persistent workers"),
     Cell("two interrupts", "launch(nprocs=2)", "spawn context"),
     pytest.param(Cell("SIGTERM", "kernel", "spawn context"), marks=pytest.mark.xfail(
-        reason=("now and then 11 sem.mp-* files are left (once in three runs); not shown "
+        reason=("11 sem.mp-* files are left now and then (2 of 4 runs here); not shown "
                 "yet, probably the kernel ends by the signal before fit stops the resource "
                 "tracker, which the group's SIGKILL then kills first"), strict=False)),
     Cell("SIGTERM", "two torchrun agents", "2 workers"),
