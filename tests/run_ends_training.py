@@ -149,16 +149,6 @@ def _descriptors() -> dict[str, str]:
 NOT_WORKERS = ("writer_child", "multiprocessing.resource_tracker")
 
 
-def _resource_tracker_pipe() -> str | None:
-    """The descriptor of multiprocessing's resource tracker, started by the first
-    semaphore of a spawn context and kept for the life of the process (as its process
-    is: one of NOT_WORKERS)."""
-    from multiprocessing import resource_tracker
-
-    fd = resource_tracker._resource_tracker._fd
-    return None if fd is None else str(fd)
-
-
 def _workers() -> list[psutil.Process]:
     """This process's live descendants but its helpers that serve it, not the data, and
     end with it: the checkpoint writer process, multiprocessing's resource tracker."""
@@ -172,16 +162,15 @@ def _note_after_fit(signals: Path, before: dict[str, str], failed: bool) -> None
     loaders' workers must be gone) and, in a process alone (a rank's are the group's),
     the descriptors ``fit`` left open: after SETTLE_S for what ends a moment later (a
     worker being reaped, the record's file closed by its writer thread), the data
-    dropped first. Where ``fit``
-    raised, the traceback holds the batch the run failed on, for inspection: its tensors'
-    shared memory is not counted, every pipe, socket and file is."""
+    dropped first. Where ``fit`` raised, the traceback holds the batch the run failed on,
+    for inspection: its tensors' shared memory is not counted, every pipe, socket and
+    file is."""
     ended_at = time.time()
     deadline = time.monotonic() + SETTLE_S
     while True:
         children = _workers()
         after = {} if torch.distributed.is_initialized() else _descriptors()
         opened = sorted(target for fd, target in after.items() if before.get(fd) != target
-                        and fd != _resource_tracker_pipe()
                         and not (failed and target.startswith(HELD_BATCH)))
         if not (children or opened) or time.monotonic() > deadline:
             break
@@ -208,6 +197,7 @@ def train(spec: dict[str, Any]) -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # the group's connections are made: they are not fit's
     before = _descriptors()
+    failed = True
     try:
         ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=EPOCHS,
                      loss_fn=nn.functional.cross_entropy, device="cpu", precision="fp32",
@@ -216,14 +206,11 @@ def train(spec: dict[str, Any]) -> None:
                      release=spec["end"] == "release=True",
                      callbacks=[EndAt(end, model, signals, Path(spec["checkpoint"]))],
                      **validation)
-    except BaseException:
-        del data
-        gc.collect()
-        _note_after_fit(signals, before, failed=True)
-        raise
-    del data  # a spawned worker got its tensors in shared memory: the user's, not fit's
-    gc.collect()  # (a loader's iterator is a reference cycle: freed by the collector)
-    _note_after_fit(signals, before, failed=False)
+        failed = False
+    finally:
+        del data  # a spawned worker got its tensors in shared memory: the user's, not fit's
+        gc.collect()  # (a loader's iterator is a reference cycle: freed by the collector)
+        _note_after_fit(signals, before, failed)
 
 
 def main(spec_path: str) -> None:
