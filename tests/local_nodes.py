@@ -33,12 +33,14 @@ class LocalNodes:
     def __init__(self, script: Path, arguments: Sequence[str], logs: Path, *,
                  nnodes: str = "2", count: int = 2, nproc: int = 2, max_restarts: int = 3,
                  environment: dict[str, str] | None = None, monitor_interval: float = 0.2,
-                 last_call_timeout: int = 2) -> None:
+                 last_call_timeout: int = 2,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.script, self.arguments, self.logs = script, list(arguments), logs
         self.nnodes, self.count, self.nproc = nnodes, count, nproc
         self.max_restarts = max_restarts
         self.monitor_interval, self.last_call_timeout = monitor_interval, last_call_timeout
         self.environment = environment or {}
+        self.preexec_fn = preexec_fn  # what each agent is started with
         self.agents: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> LocalNodes:
@@ -64,7 +66,7 @@ class LocalNodes:
             with open(self.logs / f"node{node}.log", "ab") as log:
                 self.agents.append(subprocess.Popen(
                     command, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                    start_new_session=True))
+                    start_new_session=True, preexec_fn=self.preexec_fn))
 
     def workers(self, node: int) -> list[psutil.Process]:
         """The live workers of agent ``node``."""

@@ -21,6 +21,7 @@ import runpy
 import select
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -65,9 +66,11 @@ def _become_the_script(request: dict[str, Any]) -> None:
 class PreloadedPython:
     """The driver's side: start scripts in forked children of one preloaded interpreter."""
 
-    def __init__(self, environment: dict[str, str]) -> None:
+    def __init__(self, environment: dict[str, str],
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.process = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, env=environment)
+                                        stdout=subprocess.PIPE, text=True, env=environment,
+                                        preexec_fn=preexec_fn)
         self._stdin: IO[str] = self.process.stdin  # type: ignore[assignment]
         self._stdout: IO[str] = self.process.stdout  # type: ignore[assignment]
 

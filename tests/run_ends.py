@@ -144,9 +144,10 @@ class Run:
     """One run of a cell on its front, in ``folder``: started, brought to its end, waited
     for; what it left is measured by ``run_once``."""
 
-    def __init__(self, cell: Cell, folder: Path, armed: bool, environment: dict[str, str]
-                 ) -> None:
+    def __init__(self, cell: Cell, folder: Path, armed: bool, environment: dict[str, str],
+                 preexec_fn: Callable[[], None] | None = None) -> None:
         self.cell, self.folder, self.armed = cell, folder, armed
+        self.preexec_fn = preexec_fn  # what its processes are started with
         self.signals = folder / "signals"
         self.environment = environment
         self.output = ""
@@ -216,7 +217,7 @@ class TorchrunRun(Run):
     def start(self) -> None:
         self.nodes = LocalNodes(TRAINING, [str(self.spec)], self.folder / (
             "first-logs" if self.armed else "rerun-logs"), count=2, nproc=1,
-            max_restarts=0, environment=self.environment)
+            max_restarts=0, environment=self.environment, preexec_fn=self.preexec_fn)
         self.nodes.start()
 
     def deliver(self, end: str, reached_pid: int) -> None:
@@ -257,7 +258,7 @@ class KernelRun(Run):
         log = self.folder / f"kernel-{'first' if self.armed else 'rerun'}.log"
         with open(log, "ab") as stderr:  # what a Jupyter server would log of it
             self.manager.start_kernel(cwd=str(self.folder), env=self.environment,
-                                      stderr=stderr)
+                                      stderr=stderr, preexec_fn=self.preexec_fn)
         self.pid = self.manager.provisioner.pid  # type: ignore[union-attr]
         self.client_context = ready(self.manager.client())
         self.client = self.client_context.__enter__()
@@ -377,7 +378,8 @@ def run_once(cell: Cell, folder: Path, armed: bool, environment: dict[str, str],
     signals.mkdir(parents=True)
     before = _ours()
     with shared_memory.run() as shared_files:
-        run = FRONT_RUNS[cell.front](cell, folder, armed, environment)
+        run = FRONT_RUNS[cell.front](cell, folder, armed, environment,
+                                     shared_memory.preexec_fn)
         run.start()
         try:
             end_began = _bring_to_its_end(run, cell, armed, signals)
@@ -480,9 +482,10 @@ class Harness:
     def __enter__(self) -> Harness:
         self._subreaper = subreaper()
         self._subreaper.__enter__()
-        # before the preloaded interpreter starts: it shares the runs' /dev/shm
+        # the preloaded interpreter is started in the runs' namespace: its scripts share it
         self.shared_memory = SharedMemoryScope().__enter__()
-        ScriptRun.interpreter = PreloadedPython(environment_for(Path(tempfile.gettempdir())))
+        ScriptRun.interpreter = PreloadedPython(environment_for(Path(tempfile.gettempdir())),
+                                                self.shared_memory.preexec_fn)
         return self
 
     def __exit__(self, *exc: object) -> None:
