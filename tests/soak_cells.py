@@ -87,9 +87,7 @@ def _run_to_end(training: Training, folder: Path, logs: Path, what: str,
                     f"{training.describe()}: {what}", logs)
     try:
         victim.wait_for(lambda event: event["event"] == "finished", WATCHDOG_S, "its end")
-        if not victim.join(WATCHDOG_S):
-            raise VictimHang(f"{victim.label} did not exit after training; its threads:\n"
-                             f"{victim.stacks()}")
+        victim.exit_within(WATCHDOG_S)
     finally:
         victim.close()
     steps = [event["step"] for event in victim.events if event["event"] == "step"]

@@ -211,7 +211,7 @@ class Soak:
                 self._kill_writer_once(kind, folder, victim)
         finally:
             victim.send("stop")
-            victim.join(WATCHDOG_S)
+            victim.join(WATCHDOG_S)  # (not to hide what raised)
             victim.close()
 
     def _save_once(self, victim: Victim, timed: bool = False) -> Event:
@@ -304,7 +304,7 @@ class Soak:
         try:
             final.wait_for(lambda event: event["event"] == "finished", WATCHDOG_S * 3,
                            "the end of training")
-            final.join(WATCHDOG_S)
+            final.exit_within(WATCHDOG_S)
             self._check_resumed_from(final, mine)
         finally:
             final.close()
@@ -377,7 +377,7 @@ class Reference:
         try:
             victim.wait_for(lambda event: event["event"] == "finished", WATCHDOG_S * 3,
                             "the end of training")
-            victim.join(WATCHDOG_S)
+            victim.exit_within(WATCHDOG_S)
         finally:
             victim.close()
         digests = {event["step"]: event["digest"] for event in victim.events
@@ -473,7 +473,7 @@ def _in_victim(body: Callable[[Channel], None], label: str, logs: Path) -> Event
     try:
         event = victim.wait_for(lambda event: event["event"] == "checked", WATCHDOG_S,
                                 "its check")
-        victim.join(WATCHDOG_S)
+        victim.exit_within(WATCHDOG_S)
     finally:
         victim.close()
     return event

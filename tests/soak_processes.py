@@ -208,6 +208,13 @@ class Victim:
             time.sleep(0.01)
         return True
 
+    def exit_within(self, timeout: float) -> None:
+        """Wait for it to exit, its work done; VictimHang, with its threads' stacks, if it
+        still runs after ``timeout`` s."""
+        if not self.join(timeout):
+            raise VictimHang(f"{self.label} did not exit after its work ({timeout:.0f} s); "
+                             f"its threads:\n{self.stacks()}")
+
     def describe_status(self) -> str:
         if self.status is None:
             return "running"
