@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import signal
 import socket
@@ -219,6 +220,44 @@ def test_a_spawn_loaders_semaphores_are_removed_once_without_a_word(tmp_path: Pa
     assert (completed.returncode, completed.stdout) == (0, "returned\n"), completed.stderr
     assert "leaked semaphore" not in completed.stderr
     assert "Exception ignored" not in completed.stderr
+
+SPAWN_KILLED_SCRIPT = """\
+import json, os, re, signal, psutil, torch, ipycloud
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class KilledAtStep3:  # as the out-of-memory killer would, mid-run
+    def on_step_end(self, step, logs):
+        if step == 3:
+            workers = [child.pid for child in psutil.Process().children()
+                       if "spawn_main" in " ".join(child.cmdline())]
+            mapped = sorted({re.search(r"/dev/shm/sem\\.\\S+", line).group()
+                             for pid in workers for line in open(f"/proc/{pid}/maps")
+                             if "/dev/shm/sem." in line})  # the names they opened
+            print(json.dumps(mapped), flush=True)
+            os.killpg(0, signal.SIGKILL)  # the whole group: no tracker is left to clean up
+
+
+if __name__ == "__main__":
+    data = DataLoader(TensorDataset(torch.randn(256, 16), torch.randint(0, 3, (256,))),
+                      batch_size=8, num_workers=2, multiprocessing_context="spawn")
+    m = torch.nn.Linear(16, 3)
+    ipycloud.fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data, epochs=1,
+                 loss_fn=torch.nn.functional.cross_entropy, progress=False,
+                 callbacks=[KilledAtStep3()])
+"""
+
+
+def test_a_spawn_loader_killed_mid_run_leaves_no_semaphore_file(tmp_path: Path) -> None:
+    """Once its workers have opened them, a loader's semaphores need no file: a run killed
+    outright with its whole group, resource tracker and all, leaves none."""
+    (tmp_path / "train.py").write_text(SPAWN_KILLED_SCRIPT)
+    completed = run_script([sys.executable, "train.py"], tmp_path)
+    assert completed.returncode == -signal.SIGKILL, completed.stderr[-3000:]
+    mapped = json.loads(completed.stdout)
+    assert len(mapped) == 14  # 3 for each worker's index queue, 3 results, 5 done event
+    assert [path for path in mapped if os.path.exists(path)] == []
+
 
 def test_launch_ranks_leave_no_worker_and_the_script_exits_by_itself(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(RANKS_SCRIPT.format(

@@ -39,9 +39,10 @@ class LoaderIterators:
     def iterate(self, data: Iterable[Any]) -> Iterator[Any]:
         """``iter(data)``, remembered where it runs worker processes."""
         iterator = iter(data)
-        if hasattr(iterator, "_shutdown_workers"):  # torch's multi-process iterator
-            self._open[id(data)] = (data, iterator)
-        return iterator
+        if not hasattr(iterator, "_shutdown_workers"):  # not torch's multi-process iterator
+            return iterator
+        self._open[id(data)] = (data, iterator)
+        return _unlinking_once_opened(iterator) if semaphores.still_named(iterator) else iterator
 
     def close(self) -> None:
         """End the workers of every iterator made; a DataLoader whose workers persist
@@ -58,6 +59,17 @@ class LoaderIterators:
                 data._iterator = None
         if closed and not self._tracker_was_running and semaphores.tracker_running():
             semaphores.stop_tracker()  # started for the loaders' semaphores: see semaphores
+
+
+def _unlinking_once_opened(iterator: Any) -> Iterator[Any]:
+    """``iterator``'s batches; after each, until done, its semaphores' files are removed
+    if every worker has opened them (see ``semaphores``)."""
+    for batch in iterator:
+        yield batch
+        if semaphores.opened_by_every_worker(iterator):
+            semaphores.unlink_semaphores(iterator)
+            yield from iterator
+            return
 
 
 def _shares_by_file() -> bool:
