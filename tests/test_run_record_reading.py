@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ import pytest
 
 import ipycloud
 from ipycloud.cli import main
-from ipycloud.runtime.runs import RunRecordWarning, UnknownRunError, read_run, runs
+from ipycloud.runtime.runs import RunRecordWarning, UnknownRunError, read_run, records, runs
+from ipycloud.runtime.runs.log_reader import LogReader
 from ipycloud.runtime.runs.records import RECORD_FOLDER
-from ipycloud.runtime.runs.summary import STALE_S, summarize
+from ipycloud.runtime.runs.summary import STALE_S, RunState, summarize
 
 RUN, OTHER = "a1b2c3d4e5f6", "0123456789ab"
 T0 = 1_700_000_000.0
@@ -92,6 +94,39 @@ def test_a_log_read_again_gives_what_was_appended_and_a_rewritten_one_afresh(
         step(number, T0 + number) for number in range(10, 20))])
     os.replace(other, log)  # another file in its place, longer
     assert [row["step"] for row in read_run(log)[0].steps] == list(range(10, 20))
+
+
+def test_the_records_read_so_far_are_given_at_once_while_a_long_read_goes_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A huge log takes seconds to read; a front asking for the records after a time
+    meanwhile gets those of the chunks already read, without waiting for the read."""
+    monkeypatch.setattr(records, "CHUNK_BYTES", 4096)
+    log = write_log(tmp_path, [start(), *(step(number, T0 + number) for number in range(1, 400))])
+    reader = LogReader(log)
+    halfway, go_on = threading.Event(), threading.Event()
+    add = RunState.add
+
+    def slow_add(state: RunState, record: dict[str, Any]) -> None:
+        if record.get("step") == 300:
+            halfway.set()
+            go_on.wait(60)
+        add(state, record)
+
+    monkeypatch.setattr(RunState, "add", slow_add)
+    reading = threading.Thread(target=reader.read)
+    reading.start()
+    assert halfway.wait(60)
+    answers: list[list[dict[str, Any]]] = []
+    asking = threading.Thread(target=lambda: answers.append(reader.records_after(T0 + 100)))
+    asking.start()
+    asking.join(10)
+    answered_during_the_read = len(answers) == 1
+    go_on.set()
+    reading.join()
+    asking.join()
+    assert answered_during_the_read
+    steps = [record["step"] for record in answers[0]]
+    assert steps == list(range(101, 101 + len(steps))) and 101 < steps[-1] < 300
 
 
 @pytest.mark.parametrize("status", ["finished", "failed", "paused", "stopped early"])

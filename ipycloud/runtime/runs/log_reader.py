@@ -11,7 +11,9 @@ however often the log is read. A read may take at most a ``budget`` of bytes, le
 rest to the next. The records themselves, for the fronts that serve them
 (``records_after``), are the last RECENT_RECORDS as read, and older ones read again from
 the log, from a place noted every MARK_EVERY records: a client pages through a log of any
-length, RECORDS_LIMIT records an answer, without it being read from its start.
+length, RECORDS_LIMIT records an answer, without it being read from its start. A read
+shows them chunk by chunk: ``records_after`` never waits for a whole read (a huge log's
+reads take a second each) to end.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class LogReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one read at a time; the state
+        self._shown = threading.Lock()  # what ``records_after`` reads (the last group)
         self._begin(None)
 
     def _begin(self, identity: tuple[int, int] | None) -> None:
@@ -66,9 +69,11 @@ class LogReader:
         self._end = b""  # the END_BYTES before ``offset``
         self._lines = records.Lines(self.path)
         self._latest = -math.inf  # the latest time of a record read
-        self._recent: deque[Json] = deque(maxlen=RECENT_RECORDS)
-        self._let_go = -math.inf  # the latest time of the records the recent ones let go
-        self._marks: list[tuple[float, int]] = []  # (latest time before, a line's offset)
+        with self._shown:
+            self._recent: deque[Json] = deque(maxlen=RECENT_RECORDS)
+            self._let_go = -math.inf  # the latest time of the records the recent ones let go
+            self._marks: list[tuple[float, int]] = []  # (latest time before, a line's offset)
+            self._shown_log = (0, identity)  # where the records shown end, in which file
 
     def read(self, torn_tail: bool = False, budget: int | None = None) -> Update:
         """Take what was appended (``budget``: at most that many bytes of it, the rest
@@ -99,12 +104,12 @@ class LogReader:
         before ``since``. Nothing where the log is another file than the one read; raises
         the OSError of a log that cannot be read."""
         after = -math.inf if since is None else since
-        with self._lock:
+        with self._shown:
             if after >= self._let_go:
                 return [record for record in self._recent if record["t"] > after][:RECORDS_LIMIT]
             start = max((offset for latest, offset in self._marks
                          if since is not None and latest <= since), default=0)
-            stop, identity = self.offset, self._identity
+            stop, identity = self._shown_log
         fd = open_regular(self.path)
         try:
             status = os.fstat(fd)
@@ -130,27 +135,32 @@ class LogReader:
             if self.offset < HEAD_BYTES:
                 self._head += chunk[:HEAD_BYTES - self.offset]
             self.offset += len(chunk)
-            for record in self._lines.feed(chunk):
+            fresh = self._lines.feed(chunk)
+            for record in fresh:
                 self.state.add(record)
                 appended.append(record)
                 self._latest = max(self._latest, record["t"])
-                if len(self._recent) == RECENT_RECORDS:
-                    self._let_go = max(self._let_go, self._recent[0]["t"])
-                self._recent.append(record)
-                taken += 1
-            self._mark()
+            taken += len(fresh)
+            self._show(fresh)
         kept = min(END_BYTES, self.offset)
         self._end = os.pread(fd, kept, self.offset - kept)
         if torn_tail and self.offset == status.st_size:
             self._lines.end()
         return Update(list(appended), renewed or taken > len(appended))
 
-    def _mark(self) -> None:
-        """Note where the pending line begins, every MARK_EVERY records: what lies before
-        it is no record after the latest time read."""
+    def _show(self, fresh: list[Json]) -> None:
+        """Give ``records_after`` the records of a chunk just read, and note where the
+        pending line begins, every MARK_EVERY records: what lies before it is no record
+        after the latest time read."""
         pending = self._lines.pending()
-        if pending is not None and self.state.count >= (len(self._marks) + 1) * MARK_EVERY:
-            self._marks.append((self._latest, self.offset - pending))
+        with self._shown:
+            for record in fresh:
+                if len(self._recent) == RECENT_RECORDS:
+                    self._let_go = max(self._let_go, self._recent[0]["t"])
+                self._recent.append(record)
+            if pending is not None and self.state.count >= (len(self._marks) + 1) * MARK_EVERY:
+                self._marks.append((self._latest, self.offset - pending))
+            self._shown_log = (self.offset, self._identity)
 
     def _same_log(self, fd: int, identity: tuple[int, int], size: int) -> bool:
         """Whether the file is the one read so far, grown or not."""
