@@ -7,7 +7,9 @@ test_fit_preemption.py and benchmarks/soak_sigterm.py; one fresh interpreter per
 WHEN is where the run sends itself SIGTERM: ``first-item`` (before the first step, while
 the first batch loads), ``step:K`` (after optimizer step K), ``validation:E`` (while epoch
 E is validated), ``workers:E`` (from a DataLoader worker starting for epoch E: the loader
-is starting its workers) or ``save:K`` (while the checkpoint of step K is written). A run
+is starting its workers) or ``save:K`` (while the checkpoint of step K is written); or
+``interrupt:K``: after step K the second rank (under ``--launch``) sends itself SIGINT, as
+torchrun's agent passes a Ctrl-C on to its worker, the other rank getting none. A run
 without it trains to the end and writes its final state to OUT (``torch.save``); a run
 that gets one ends by the signal. ``--launch`` runs the same in two processes under
 ``ipycloud.launch``, the signal sent to the launching process. ``--timeline`` appends a
@@ -71,6 +73,17 @@ class At:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class InterruptSecondRank:
+    """Sends this process SIGINT after a given optimizer step, in the second rank only."""
+
+    def __init__(self, step: int | None) -> None:
+        self.step = step
+
+    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        if step == self.step and torch.distributed.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 class ValidationScore:
     """A metric that sends SIGTERM while a given epoch is validated."""
 
@@ -125,7 +138,8 @@ def train(folder: str, out: str, when: str | None, workers: int,
         checkpoint=folder, checkpoint_every=EVERY, seed=11, progress=False,
         val_data=DataLoader(Noisy(False, item_delay_s), batch_size=32),
         metrics={"score": ValidationScore(at if kind == "validation" else None)},
-        callbacks=[At(at if kind == "step" else None), timeline])
+        callbacks=[At(at if kind == "step" else None),
+                   InterruptSecondRank(at if kind == "interrupt" else None), timeline])
     timeline.note("trained")
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     if rank == 0:

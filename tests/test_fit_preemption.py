@@ -92,6 +92,23 @@ def test_sigterm_to_a_rank_under_launch_saves_in_the_first(
     assert differences(torch.load(out), uninterrupted["launch"]) == []
 
 
+def test_an_interrupt_to_one_rank_under_launch_pauses_every_rank_at_one_step(
+        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]]) -> None:
+    """Ctrl-C reaches the ranks one by one (torchrun's agents pass it on, each to its
+    worker): here only the second rank gets it, after step 9. The ranks agree a step
+    late, every one pauses at step 10, the first saves it, and the rerun ends exactly as
+    the run never interrupted."""
+    folder, out = tmp_path / "run", tmp_path / "out.pt"
+    code, text = finished(training(folder, out, "--launch", "--sigterm", "interrupt:9"))
+    assert code == 1 and "FitInterrupted" in text, text
+    assert text.splitlines().count(
+        "ipycloud.fit: interrupted at step 10; rerun this cell to continue") == 2, text
+    assert saved(folder)[-1] == (10, 1)
+    code, text = finished(training(folder, out, "--launch"))
+    assert code == 0, text
+    assert differences(torch.load(out), uninterrupted["launch"]) == []
+
+
 def test_sigterm_to_the_launching_process_reaches_the_ranks(
         tmp_path: Path, uninterrupted: dict[str, dict[str, Any]]) -> None:
     folder, out = tmp_path / "run", tmp_path / "out.pt"

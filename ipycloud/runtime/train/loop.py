@@ -70,7 +70,7 @@ from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
-from ipycloud.runtime.train.stop_vote import StopVote
+from ipycloud.runtime.train.stop_vote import INTERRUPT, SIGTERM, StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.workers import LoaderIterators
 from ipycloud.runtime.train.xla import OnCpu
@@ -380,7 +380,8 @@ class _Trainer:
             release_when_safe(self.saver, self.step)
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
-        self._pause_if_asked(manager, bar)  # Stop pressed as the run started: no step taken
+        if self._vote is None and self._interrupt is not None and self._interrupt.requested:
+            self._pause(manager, bar)  # Stop pressed as the run started: no step taken
         # A stop is noted before the step's or the epoch's save, which then holds it: a
         # rerun resumed from that save finds the run complete.
         while not self._finished():
@@ -679,20 +680,23 @@ class _Trainer:
     def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
         """After an interrupt: save where the run stands, say so, and stop the cell; after
         a SIGTERM, save and let the process end. In a process group the ranks first agree
-        (a step late) on whether any of them got SIGTERM, and stop together."""
-        asked = self._preemption is not None and self._preemption.requested
-        if self._vote is not None:
-            asker = self._vote.agree(asked)
-            if asker is not None:
-                self._end_preempted(bar, asker)
-        elif asked:
-            self._end_preempted(bar)
-        self._pause_if_asked(manager, bar)
-
-    def _pause_if_asked(self, manager: Any, bar: Progress) -> None:
-        """After an interrupt: save where the run stands, say so, and stop the cell."""
-        if self._interrupt is None or not self._interrupt.requested:
+        (a step late) on whether any of them got either, and stop together."""
+        preempted = self._preemption is not None and self._preemption.requested
+        interrupted = self._interrupt is not None and self._interrupt.requested
+        if self._vote is None:
+            if preempted:
+                self._end_preempted(bar)
+            if interrupted:
+                self._pause(manager, bar)
             return
+        stop = self._vote.agree(SIGTERM if preempted else INTERRUPT if interrupted else None)
+        if stop is not None and stop.kind == SIGTERM:
+            self._end_preempted(bar, stop.asker)
+        if stop is not None:
+            self._pause(manager, bar)
+
+    def _pause(self, manager: Any, bar: Progress) -> None:
+        """Save where the run stands, say so, and stop the cell (FitInterrupted)."""
         self._read_losses()
         if manager is None:
             line = (f"ipycloud.fit: interrupted at step {self.step}; no checkpoint= was given, "
