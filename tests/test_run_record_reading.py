@@ -19,7 +19,15 @@ import pytest
 
 import ipycloud
 from ipycloud.cli import main
-from ipycloud.runtime.runs import RunRecordWarning, UnknownRunError, read_run, records, runs
+from ipycloud.runtime.runs import (
+    RunRecordWarning,
+    UnknownRunError,
+    log_reader,
+    read_run,
+    records,
+    runs,
+)
+from ipycloud.runtime.runs.following import FollowedLog
 from ipycloud.runtime.runs.log_reader import LogReader
 from ipycloud.runtime.runs.records import RECORD_FOLDER
 from ipycloud.runtime.runs.summary import STALE_S, RunState, summarize
@@ -127,6 +135,24 @@ def test_the_records_read_so_far_are_given_at_once_while_a_long_read_goes_on(
     assert answered_during_the_read
     steps = [record["step"] for record in answers[0]]
     assert steps == list(range(101, 101 + len(steps))) and 101 < steps[-1] < 300
+
+
+def test_a_followed_log_is_read_in_small_chunks_with_a_pause_after_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server's or a kernel's follower lets the process's other threads in while it
+    reads a long log: the same records as a plain read, taken a small chunk at a time."""
+    log = write_log(tmp_path, [start(), *(step(number, T0 + number) for number in range(1, 400))])
+    pauses: list[float] = []
+    monkeypatch.setattr(log_reader.time, "sleep", pauses.append)
+    followed = FollowedLog(log)
+    assert followed.look()
+    chunks = -(-log.stat().st_size // log_reader.BACKGROUND_CHUNK_BYTES)
+    assert chunks > 3 and pauses == [log_reader.BACKGROUND_PAUSE_S] * (chunks - 1)
+    pauses.clear()
+    plain = LogReader(log)
+    plain.read()
+    assert pauses == [] and followed.reader.records() == plain.records()
+    assert followed.records_after(None) == plain.records_after(None)
 
 
 @pytest.mark.parametrize("status", ["finished", "failed", "paused", "stopped early"])

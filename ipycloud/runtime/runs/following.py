@@ -1,9 +1,10 @@
 """Run logs followed by the fronts that look again every second or so (the Jupyter
 server's runs routes, the kernel's page), whatever the files hold: each look reads only
 what was appended (``LogReader``: regular files only, never through a link, never waiting
-on a FIFO, in bounded memory), at most LOOK_BYTES of it (a huge log is taken over several
-looks, none of which keeps its front waiting), and sums the run up again only when its log
-changed or the run is live (its process may have died since)."""
+on a FIFO, in bounded memory, in the background: other threads are let in), at most
+LOOK_BYTES of it (a huge log is taken over several looks, none of which keeps its front
+waiting), and sums the run up again only when its log changed or the run is live (its
+process may have died since)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ class FollowedLog:
         status = os.lstat(self.path)
         state = (status.st_ino, status.st_size, status.st_mtime_ns)
         if state != self._state or self.summary is None or self.reader.offset < status.st_size:
-            self.reader.read(budget=self.look_bytes)
+            self.reader.read(budget=self.look_bytes, background=True)
             self._state, self.changed_ns = state, status.st_mtime_ns
         elif self.summary["status"] not in LIVE:
             return

@@ -13,7 +13,11 @@ rest to the next. The records themselves, for the fronts that serve them
 the log, from a place noted every MARK_EVERY records: a client pages through a log of any
 length, RECORDS_LIMIT records an answer, without it being read from its start. A read
 shows them chunk by chunk: ``records_after`` never waits for a whole read (a huge log's
-reads take a second each) to end.
+reads take a second each) to end. A reader in the background of a busy process (a
+server's, a kernel's) reads in small chunks with a pause after each
+(``read(background=True)``): parsing holds Python's interpreter lock, and a long read
+would otherwise keep the process's other threads waiting for it (a request's answer
+delayed by tens of milliseconds at each of its hand-overs between threads).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +42,8 @@ MAX_APPENDED = 10_000  # records one read returns at most (the newest); more ren
 RECORDS_LIMIT = 10_000  # records ``records_after`` gives at most: the first ones after since
 RECENT_RECORDS = 2000  # the last records read, kept as they are for ``records_after``
 MARK_EVERY = 10_000  # records between two places of the log noted to read it again from
+BACKGROUND_CHUNK_BYTES = 8 << 10  # read at a time in the background: ~1 ms of parsing
+BACKGROUND_PAUSE_S = 0.001  # after each such chunk, for the process's other threads
 
 
 @dataclass(frozen=True)
@@ -75,15 +82,17 @@ class LogReader:
             self._marks: list[tuple[float, int]] = []  # (latest time before, a line's offset)
             self._shown_log = (0, identity)  # where the records shown end, in which file
 
-    def read(self, torn_tail: bool = False, budget: int | None = None) -> Update:
+    def read(self, torn_tail: bool = False, budget: int | None = None,
+             background: bool = False) -> Update:
         """Take what was appended (``budget``: at most that many bytes of it, the rest
         left to the next reads); raises the OSError of a log that cannot be read (or is
         not a regular file). ``torn_tail``: tell (once) of a last line without its
-        newline, as a reader that lists runs does; a follower leaves it to be completed."""
+        newline, as a reader that lists runs does; a follower leaves it to be completed.
+        ``background``: let the process's other threads in (see the module)."""
         with self._lock:
             fd = open_regular(self.path)
             try:
-                return self._read(fd, torn_tail, budget)
+                return self._read(fd, torn_tail, budget, background)
             finally:
                 os.close(fd)
 
@@ -119,7 +128,7 @@ class LogReader:
         finally:
             os.close(fd)
 
-    def _read(self, fd: int, torn_tail: bool, budget: int | None) -> Update:
+    def _read(self, fd: int, torn_tail: bool, budget: int | None, background: bool) -> Update:
         status = os.fstat(fd)
         identity = (status.st_dev, status.st_ino)
         renewed = not self._same_log(fd, identity, status.st_size)
@@ -128,8 +137,9 @@ class LogReader:
         appended: deque[Json] = deque(maxlen=MAX_APPENDED)
         taken = 0
         stop = status.st_size if budget is None else min(status.st_size, self.offset + budget)
+        chunk_bytes = BACKGROUND_CHUNK_BYTES if background else records.CHUNK_BYTES
         while self.offset < stop:
-            chunk = os.pread(fd, min(records.CHUNK_BYTES, stop - self.offset), self.offset)
+            chunk = os.pread(fd, min(chunk_bytes, stop - self.offset), self.offset)
             if not chunk:
                 break
             if self.offset < HEAD_BYTES:
@@ -142,6 +152,8 @@ class LogReader:
                 self._latest = max(self._latest, record["t"])
             taken += len(fresh)
             self._show(fresh)
+            if background and self.offset < stop:
+                time.sleep(BACKGROUND_PAUSE_S)
         kept = min(END_BYTES, self.offset)
         self._end = os.pread(fd, kept, self.offset - kept)
         if torn_tail and self.offset == status.st_size:
