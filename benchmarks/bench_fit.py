@@ -22,8 +22,10 @@ the order rotated from round to round, so that drift on a shared machine hits al
 each figure is the median of the rounds, the spread their minimum and maximum, and every
 sample is kept in the JSON. The goal is judged on the paired ratio: the median of each
 round's fit/hand-written, the two runs of a round being seconds apart, so drift between
-rounds (this VM's speed swings by 10% within minutes) cancels out. One untimed round
-warms allocators and kernels first. Steps/s are of wall-clock time; the same ratio of
+rounds (this VM's speed swings by 10% within minutes) cancels out. 11 rounds a model,
+41 for the CNN: two of its identical runs back to back differ by up to 20% here, so that
+11 paired ratios cannot tell 0.95 from 1.0. One untimed round warms allocators and
+kernels first. Steps/s are of wall-clock time; the same ratio of
 this process's CPU time is given beside it (all loops run in the one thread), as it
 counts no time spent waiting for a core that another process holds.
 
@@ -41,7 +43,7 @@ its first new step in under one second plus the checkpoint load.
 
 Needs ``pip install accelerate`` for accelerate's loop and ``pip install transformers``
 (in ``ipycloud[test]``) for the BERT model; without them those figures are left out.
-Run: ``python benchmarks/bench_fit.py [--quick]`` (about 5 minutes; ``--quick``: fewer
+Run: ``python benchmarks/bench_fit.py [--quick]`` (about 12 minutes; ``--quick``: fewer
 rounds and steps, about 1 minute); results go to ``benchmarks/results/fit.json``.
 """
 
@@ -69,7 +71,7 @@ from ipycloud.runtime.train.loop import fit
 
 RESULTS = Path(__file__).parent / "results" / "fit.json"
 THREADS = 1
-ROUNDS, QUICK_ROUNDS = 11, 3
+QUICK_ROUNDS = 3
 LOG_EVERY = 10  # steps between reads of the loss, in every loop (fit's default)
 GOAL_FIT_VS_HAND_WRITTEN = 0.97
 RESUME_AT_BATCH = 50_000
@@ -87,6 +89,7 @@ class Case:
     batch: int
     build: Callable[[int], tuple[nn.Module, Dataset[Any]]]
     loss: Callable[[nn.Module, Any], torch.Tensor]
+    rounds: int = 11  # timed rounds (without --quick)
 
     def parts(self, steps: int, seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer,
                                                         DataLoader[Any]]:
@@ -173,7 +176,7 @@ CASES = (
     Case("bert", "BertForSequenceClassification, hidden 64, 2 layers, 2 heads, 32 tokens, "
                  "dict batches", 150, 32, _bert, _own_loss),
     Case("cnn", "3 conv layers (16-32-64 channels), 3x32x32 images, 10 classes, map-style "
-                "dataset", 150, 32, _cnn, _cross_entropy),
+                "dataset", 150, 32, _cnn, _cross_entropy, rounds=41),  # see the module
 )
 
 
@@ -250,6 +253,7 @@ def measure(case: Case, loops: list[str], rounds: int, steps: int) -> dict[str, 
     cpu_medians = {name: statistics.median(values) for name, values in cpu_rates.items()}
     figures: dict[str, Any] = {
         "description": case.description, "steps_per_run": steps, "batch": case.batch,
+        "rounds": rounds,
         "steps_per_s": medians,
         "spread_min_max": {name: [min(values), max(values)] for name, values in rates.items()},
         "fit_vs_hand_written": medians["fit"] / medians["hand_written"],
@@ -380,18 +384,20 @@ def _versions(*packages: str) -> dict[str, str | None]:
             for package, spec in found.items()}
 
 
-def _table(models: dict[str, dict[str, Any]], rounds: int) -> list[str]:
+def _table(models: dict[str, dict[str, Any]]) -> list[str]:
     ratios = (("fit/hand", "fit_vs_hand_written"), ("paired", "fit_vs_hand_written_paired"),
               ("fit/acc", "fit_vs_accelerate"),
               ("acc/hand", "accelerate_vs_hand_written"),
               ("fit/hand cpu", "fit_vs_hand_written_cpu"))
-    lines = [f"steps/s, median of {rounds} interleaved rounds [min-max]; ratios of the medians, "
+    lines = ["steps/s, median of the interleaved rounds [min-max]; ratios of the medians, "
              "and 'paired': the median of each round's fit/hand; goal: paired fit/hand >= "
              f"{GOAL_FIT_VS_HAND_WRITTEN}",
-             f"{'model':<6}" + "".join(f"{name.replace('_', '-'):>22}" for name in LOOPS)
+             f"{'model':<6}{'rounds':>7}"
+             + "".join(f"{name.replace('_', '-'):>22}" for name in LOOPS)
              + "".join(f"{title:>13}" for title, _ in ratios)]
     for name, figures in models.items():
         line = f"{name:<6}"
+        line += f"{figures['rounds']:>7}"
         for loop in LOOPS:
             if loop not in figures["steps_per_s"]:
                 line += f"{'-':>22}"
@@ -410,7 +416,6 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK_ROUNDS} rounds of half as many steps")
     args = parser.parse_args()
-    rounds = QUICK_ROUNDS if args.quick else ROUNDS
     load_at_start = os.getloadavg()[0]  # other processes' load: the figures' conditions
     torch.set_num_threads(THREADS)
     loops = ["hand_written", "fit"]
@@ -421,14 +426,15 @@ def main() -> None:
     models = {}
     for case in cases:
         steps = case.steps // 2 if args.quick else case.steps
-        models[case.name] = measure(case, loops, rounds, steps)
+        models[case.name] = measure(case, loops, QUICK_ROUNDS if args.quick else case.rounds,
+                                    steps)
         print(f"{case.name}: done", flush=True)
     own = own_work(OWN_WORK_STEPS // 2 if args.quick else OWN_WORK_STEPS,
                    QUICK_ROUNDS if args.quick else OWN_WORK_ROUNDS)
     resume = resume_cost()
     results = {
-        "machine": {"torch": torch.__version__, "threads": THREADS, "rounds": rounds,
-                    "quick": args.quick, **_versions("accelerate", "transformers"),
+        "machine": {"torch": torch.__version__, "threads": THREADS, "quick": args.quick,
+                    **_versions("accelerate", "transformers"),
                     "cores": os.cpu_count(), "load_average_1min_at_start": round(load_at_start, 2),
                     "load_average_1min_at_end": round(os.getloadavg()[0], 2)},
         "goal_fit_vs_hand_written": GOAL_FIT_VS_HAND_WRITTEN,
@@ -438,7 +444,7 @@ def main() -> None:
         "goal_resume_beyond_load_s": 1.0,
     }
     write_results(RESULTS, results)
-    print("\n".join(_table(models, rounds)))
+    print("\n".join(_table(models)))
     print("fit's own work, us per step beyond the hand-written loop (median of paired rounds, "
           "wall / cpu): " + ", ".join(
               f"{name} {figures['fit_own_us_per_step']['wall']:.1f} / "
