@@ -19,8 +19,9 @@ zombies. A fit run resumed after its kills must end bitwise equal to the uninter
 run (resumed equal), and each checkpoint loaded must hold the weights that run had at its
 step.
 
-Run: ``python benchmarks/soak_kill.py [--seed N] [--scale F]`` (about 15 minutes on 2
-cores; ``--scale 0.1`` for a short run); results go to ``benchmarks/results/soak_kill.json``,
+Run: ``python benchmarks/soak_kill.py [--seed N] [--scale F] [--kind K --kills N]
+[--out FILE]`` (about 15 minutes on 2 cores; ``--scale 0.1`` for a short run; ``--kind``:
+that kind alone, N kills); results go to ``benchmarks/results/soak_kill.json`` (or FILE),
 every kill in it.
 """
 
@@ -77,8 +78,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply every kind's number of kills (0.1: a short run)")
+    parser.add_argument("--kind", choices=KINDS, help="this kind of kill alone")
+    parser.add_argument("--kills", type=int, default=1, help="with --kind: how many")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON to write")
     args = parser.parse_args()
-    counts = {kind: max(1, round(KILLS[kind] * args.scale)) for kind in KINDS}
+    counts = ({args.kind: args.kills} if args.kind else
+              {kind: max(1, round(KILLS[kind] * args.scale)) for kind in KINDS})
     torch.set_num_threads(1)
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -98,11 +103,11 @@ def main() -> None:
                      if kill.failures()],
         "kills": as_records(kills),
     }
-    write_results(RESULTS, results)
+    write_results(args.out, results)
     print("\n".join(table(kinds)))
     for failure in results["failures"]:
         print(f"FAILED: {failure['kind']}: {'; '.join(failure['failures'])}")
-    print(f"{len(kills)} kills in {results['seconds']:.0f} s; written to {RESULTS}")
+    print(f"{len(kills)} kills in {results['seconds']:.0f} s; written to {args.out}")
 
 
 if __name__ == "__main__":
