@@ -111,7 +111,8 @@ class RunFinder:
             since: float | None) -> tuple[Json, list[Json]] | None:
         """The summary of the run ``run_id`` and its first records after ``since`` (from
         the first without), at most log_reader.RECORDS_LIMIT; None when the server has no run
-        of that id."""
+        of that id. The summary is the last view's; the records are those read so far, which
+        may be a look ahead of it."""
         tail = self._current(kernels).logs.get(run_id)
         if tail is None or tail.summary is None:
             return None
