@@ -690,10 +690,11 @@ class _Trainer:
                 self._pause(manager, bar)
             return
         stop = self._vote.agree(SIGTERM if preempted else INTERRUPT if interrupted else None)
-        if stop is not None and stop.kind == SIGTERM:
+        if stop is None:
+            return
+        if stop.kind == SIGTERM:
             self._end_preempted(bar, stop.asker)
-        if stop is not None:
-            self._pause(manager, bar)
+        self._pause(manager, bar)
 
     def _pause(self, manager: Any, bar: Progress) -> None:
         """Save where the run stands, say so, and stop the cell (FitInterrupted)."""
