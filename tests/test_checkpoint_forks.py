@@ -11,7 +11,10 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 from ipycloud.runtime.durable import LOCK_NAME, folder_lock
 
@@ -46,6 +49,72 @@ def test_a_process_forked_while_the_folder_is_locked_does_not_hold_the_lock(
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+
+@pytest.fixture
+def forked() -> Iterator[list[int]]:
+    """The children a test forks, each sleeping until killed at its end."""
+    children: list[int] = []
+    yield children
+    for child in children:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def fork_sleeping(children: list[int]) -> None:
+    child = os.fork()
+    if child == 0:  # keeps every descriptor it inherited, as a DataLoader worker does
+        time.sleep(WATCHDOG_S)
+        os._exit(0)
+    children.append(child)
+
+
+def on_the_lock_file(descriptor: int) -> bool:
+    try:
+        return os.readlink(f"/proc/self/fd/{descriptor}").endswith(LOCK_NAME)
+    except OSError:
+        return False
+
+
+def forking_once(call: Callable[..., object], when: Callable[..., bool],
+                 children: list[int], after: bool) -> Callable[..., object]:
+    """``call``, which forks a sleeping child the first time ``when`` holds for its
+    arguments in this process: after the call or before it."""
+    parent = os.getpid()
+
+    def forking(*args: object) -> object:
+        fork = not children and os.getpid() == parent and when(*args)
+        if fork and not after:
+            fork_sleeping(children)
+        result = call(*args)
+        if fork and after:
+            fork_sleeping(children)
+        return result
+    return forking
+
+
+def test_a_fork_between_opening_the_lock_file_and_recording_it_leaves_no_holder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forked: list[int]) -> None:
+    """Another thread forks (a DataLoader starting its workers) the moment the lock file
+    is open: the child must not keep the lock once this process lets it go."""
+    monkeypatch.setattr(os, "open", forking_once(
+        os.open, lambda path, *_: str(path).endswith(LOCK_NAME), forked, after=True))
+    with folder_lock(tmp_path):
+        pass
+    monkeypatch.undo()
+    assert len(forked) == 1
+    assert run_script(TRY_LOCK, str(tmp_path / LOCK_NAME)).stdout == "locked\n"
+
+
+def test_a_fork_between_forgetting_the_lock_file_and_closing_it_leaves_no_holder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forked: list[int]) -> None:
+    with folder_lock(tmp_path):
+        monkeypatch.setattr(os, "close", forking_once(
+            os.close, on_the_lock_file, forked, after=False))
+    monkeypatch.undo()
+    assert len(forked) == 1
+    assert run_script(TRY_LOCK, str(tmp_path / LOCK_NAME)).stdout == "locked\n"
 
 
 TRY_LOCK = """

@@ -422,7 +422,9 @@ class _FolderLocks:
     the descriptors of the lock files held open.
 
     A forked child gets fresh locks (one held by another thread at the fork would stay
-    held there forever) and closes the descriptors it inherited from threads it lacks.
+    held there forever) and closes the descriptors of lock files it inherited from threads
+    it lacks: those recorded, and on Linux any other open on a lock file (a thread forked
+    from between its ``open`` and its record, or between forgetting and closing one).
     """
 
     def __init__(self) -> None:
@@ -440,10 +442,21 @@ class _FolderLocks:
     def _in_child(self) -> None:
         self._guard = threading.Lock()
         self._locks = {}
-        for descriptor in self.descriptors:
+        for descriptor in self.descriptors | _open_lock_files():
             with contextlib.suppress(OSError):
                 os.close(descriptor)
         self.descriptors = set()
+
+
+def _open_lock_files() -> set[int]:
+    """This process's descriptors open on a folder's lock file (none where /proc is not)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}").endswith(f"/{LOCK_NAME}"):
+                    found.add(int(name))
+    return found
 
 
 _folder_locks = _FolderLocks()
