@@ -11,9 +11,11 @@ launched); then resumed there to its end, which must equal the uninterrupted run
 bit. A run that reports nothing for two minutes is a hang, named with its cell. On a
 machine without CUDA, ``pin_memory`` changes nothing but the DataLoader's own path.
 
-Run: ``python benchmarks/soak_matrix.py [--seed N] [--repeat R]`` (about 5 minutes on 2
-cores; ``--repeat`` runs the matrix R times with other seeds and kill steps); results go
-to ``benchmarks/results/soak_matrix.json``.
+Run: ``python benchmarks/soak_matrix.py [--seed N] [--repeat R] [--cell NAME] [--out FILE]``
+(about 5 minutes on 2 cores; ``--repeat`` runs the matrix R times with other seeds and
+kill steps; ``--cell`` runs the cell of that name alone, as ``soak_training.Training``
+describes it, e.g. ``"2 workers / writer process / one process"``); results go to
+``benchmarks/results/soak_matrix.json`` (or FILE).
 """
 
 from __future__ import annotations
@@ -52,7 +54,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--cell", choices=[cell.describe() for cell in CELLS],
+                        help="this cell alone")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON to write")
     args = parser.parse_args()
+    cells = [cell for cell in CELLS if args.cell in (None, cell.describe())]
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
     started, load_before = time.monotonic(), os.getloadavg()
@@ -60,7 +66,7 @@ def main() -> None:
     with (tempfile.TemporaryDirectory(prefix="ipycloud-soak-matrix-", dir="/var/tmp") as base,
           subreaper()):
         for round_ in range(args.repeat):
-            for index, cell in enumerate(CELLS):
+            for index, cell in enumerate(cells):
                 training = dataclasses.replace(cell, seed=rng.randrange(1 << 16))
                 result = run_cell(training, Path(base) / f"{round_}-{index}", rng)
                 results.append(result)
@@ -72,15 +78,15 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "load_average_before": load_before,
                     "load_average_after": os.getloadavg()},
-        "seed": args.seed, "repeat": args.repeat,
+        "seed": args.seed, "repeat": args.repeat, "cell": args.cell,
         "seconds": round(time.monotonic() - started, 1),
         **totals,
         "cells": [dataclasses.asdict(result) for result in results],
     }
-    write_results(RESULTS, output)
+    write_results(args.out, output)
     print(f"{totals['passed']}/{totals['cells_run']} cells passed, {totals['resumed_equal']} "
           f"resumed bitwise equal, {totals['hangs']} hangs, in {output['seconds']:.0f} s; "
-          f"written to {RESULTS}")
+          f"written to {args.out}")
 
 
 if __name__ == "__main__":

@@ -4,26 +4,23 @@ Processes killed with SIGKILL at seeded random moments while they save checkpoin
 (``soak_kills``), cells of the DataLoader x save mode x processes matrix killed and
 resumed (``soak_cells``), and a cell that saves in the background rerun in this process
 (``benchmarks/soak_reruns.py`` reruns it in a real kernel); the fault and SIGTERM soaks
-themselves with one case of each kind. What a kill lands on varies
-with the machine; what is checked holds wherever it lands.
+themselves with one case of each kind. Every soak with victims forked from it runs in a
+fresh interpreter: a fork of the suite's process would copy whatever its threads (those
+other tests left) held at that moment. What a kill lands on varies with the machine; what
+is checked holds wherever it lands.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import random
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from soak_cells import run_cell
-from soak_processes import subreaper
 from soak_resources import settled
 from soak_training import Training
 from waiting import wait_for
@@ -36,23 +33,10 @@ BENCHMARKS = Path(__file__).parent.parent / "benchmarks"
 SOAK_TIMEOUT_S = 600
 
 
-@pytest.fixture
-def reaping() -> Iterator[None]:
-    """Orphans of killed processes come to this one, which reaps them as init would."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the victims are forked from this process
-    with subreaper():
-        yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize(("kind", "kills"), [
     ("blocking", 4), ("writer process", 3), ("thread", 4), ("writer killed", 3), ("fit", 3)])
 def test_kills_lose_no_acknowledged_checkpoint_and_leave_nothing(
         tmp_path: Path, kind: str, kills: int) -> None:
-    """In a fresh interpreter (``benchmarks/soak_kill.py``): its victims are forked from
-    it, and a fork of this process would copy whatever its threads (those other tests
-    left) held at that moment."""
     found = run_soak(tmp_path, "soak_kill.py", "--kind", kind, "--kills", str(kills),
                      "--seed", "7")
     assert len(found["kills"]) == kills
@@ -68,12 +52,14 @@ def test_kills_lose_no_acknowledged_checkpoint_and_leave_nothing(
     Training(loader="no workers", save="blocking", processes=2),
 ], ids=Training.describe)
 def test_a_matrix_cell_killed_and_resumed_ends_as_the_uninterrupted_run(
-        tmp_path: Path, reaping: None, cell: Training) -> None:
-    result = run_cell(dataclasses.replace(cell, seed=11), tmp_path, random.Random(3))
-    assert result.failures == []
-    assert result.equal is True and result.killed_at_step is not None
-    assert result.resumed_from is not None and result.acknowledged is not None
-    assert result.resumed_from >= result.acknowledged
+        tmp_path: Path, cell: Training) -> None:
+    found = run_soak(tmp_path, "soak_matrix.py", "--cell", cell.describe(), "--seed", "11")
+    [result] = found["cells"]
+    assert result["cell"] == cell.describe()
+    assert result["failures"] == []
+    assert result["equal"] is True and result["killed_at_step"] is not None
+    assert result["resumed_from"] is not None and result["acknowledged"] is not None
+    assert result["resumed_from"] >= result["acknowledged"]
 
 
 def test_reruns_that_drop_their_manager_hold_one_region_and_one_writer(tmp_path: Path) -> None:
