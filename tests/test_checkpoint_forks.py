@@ -30,26 +30,6 @@ def run_script(code: str, *args: str) -> subprocess.CompletedProcess[str]:
         raise AssertionError(f"hung for {WATCHDOG_S} s: {hung.stderr!r}") from None
 
 
-def test_a_process_forked_while_the_folder_is_locked_does_not_hold_the_lock(
-        tmp_path: Path) -> None:
-    with folder_lock(tmp_path):
-        child = os.fork()
-        if child == 0:  # keeps every descriptor it inherited, as a DataLoader worker does
-            time.sleep(WATCHDOG_S)
-            os._exit(0)
-    try:
-        other = run_script("""
-            import sys
-            from pathlib import Path
-            from ipycloud.runtime.durable import LOCK_NAME, folder_lock
-            with folder_lock(Path(sys.argv[1])):
-                print("locked")
-        """, str(tmp_path))
-        assert other.stdout == "locked\n", other.stderr
-    finally:
-        os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
-
 
 
 @pytest.fixture
@@ -92,6 +72,20 @@ def forking_once(call: Callable[..., object], when: Callable[..., bool],
             fork_sleeping(children)
         return result
     return forking
+
+
+def test_a_process_forked_while_the_folder_is_locked_does_not_hold_the_lock(
+        tmp_path: Path, forked: list[int]) -> None:
+    with folder_lock(tmp_path):
+        fork_sleeping(forked)
+    other = run_script("""
+        import sys
+        from pathlib import Path
+        from ipycloud.runtime.durable import LOCK_NAME, folder_lock
+        with folder_lock(Path(sys.argv[1])):
+            print("locked")
+    """, str(tmp_path))
+    assert other.stdout == "locked\n", other.stderr
 
 
 def test_a_fork_between_opening_the_lock_file_and_recording_it_leaves_no_holder(
