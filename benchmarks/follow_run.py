@@ -29,11 +29,11 @@ from typing import Any
 
 from figures import machine, write_results
 
-from ipycloud.notebook.following import FollowedCurves
-from ipycloud.runtime.runs.follow import BUSY_SHARE, INTERVAL_S
+from ipycloud.notebook.follow_in_cell import FollowedCurves
+from ipycloud.runtime.runs.follow_run import BUSY_SHARE, INTERVAL_S
 from ipycloud.runtime.runs.records import parse_record
+from ipycloud.runtime.runs.run_watch import RunWatch
 from ipycloud.runtime.runs.summary import summarize
-from ipycloud.runtime.runs.watch import RunWatch
 
 SIZES = (1_000, 10_000, 100_000)
 LOOKS = 20

@@ -37,7 +37,7 @@ import torch
 from bench_fit import CASES, THREADS, Case
 from figures import machine, write_results
 
-from ipycloud.runtime.checkpoint.runs import new_run_id
+from ipycloud.runtime.checkpoint.leases import new_run_id
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.appender import Appender
 from ipycloud.runtime.runs.recorder import RunRecorder

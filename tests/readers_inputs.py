@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from ipycloud.runtime.checkpoint.catalog import CheckpointTable, parse_manifest
-from ipycloud.runtime.checkpoint.runs import parse_lease, process_alive
+from ipycloud.runtime.checkpoint.leases import parse_lease, process_alive
 from ipycloud.runtime.runs import RunsTable
 from ipycloud.runtime.runs.records import (
     KINDS,

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from torch import tanh as torch_tanh
 
 from ipycloud.runtime.cluster import ClusterWarning, ExportError, checkpoint_dir, export
+from ipycloud.runtime.cluster.function_file import PayloadError, load_payload
 from ipycloud.runtime.cluster.options import CHECKPOINT_MOUNT, CHECKPOINT_SCHEMES, DATA_SCHEMES
-from ipycloud.runtime.cluster.payload import PayloadError, load_payload
 from ipycloud.runtime.cluster.yaml_text import to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def test_a_function_is_pickled_by_value_and_runs_in_a_fresh_interpreter(
            kwargs={"factor": 3.0})
     loaded = subprocess.run(
         [sys.executable, "-c", "import json, sys\n"
-         "from ipycloud.runtime.cluster.payload import load_payload\n"
+         "from ipycloud.runtime.cluster.function_file import load_payload\n"
          "fn, args, kwargs = load_payload(sys.argv[1])\n"
          "print(json.dumps(fn(*args, **kwargs)))", str(folder / "train.pkl")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
@@ -136,7 +136,7 @@ def test_a_notebook_function_and_its_local_module_travel_by_value(tmp_path: Path
     assert exported.returncode == 0, exported.stderr
     loaded = subprocess.run(
         [sys.executable, "-c", "import json, sys\n"
-         "from ipycloud.runtime.cluster.payload import load_payload\n"
+         "from ipycloud.runtime.cluster.function_file import load_payload\n"
          "fn, args, kwargs = load_payload('train.pkl')\n"
          "print(json.dumps(fn(*args, **kwargs)))"],
         capture_output=True, text=True, timeout=120, cwd=folder,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ipycloud.runtime.monitor import disk_io, payloads
+from ipycloud.runtime.monitor import disk_io, route_bodies
 from ipycloud.runtime.monitor.disk_io import DiskIoMeter, block_device_counters, whole_disks
 from ipycloud.runtime.monitor.host import HostProbe, HostSample
 from ipycloud.runtime.monitor.samples import Sample
@@ -85,10 +85,10 @@ def test_disk_io_is_unknown_where_no_disk_can_be_read(monkeypatch: pytest.Monkey
 def test_the_reading_serves_disk_io_beside_the_network() -> None:
     figures = dict(time=0.0, cpu_percent=0.0, ram_used=MIB, ram_limit=2 * MIB,
                    ram_available=MIB, swap_used=0, swap_total=0, process_rss=MIB)
-    served = payloads.reading(HostSample(**figures, disk_read_per_s=1.5 * MIB,
+    served = route_bodies.reading(HostSample(**figures, disk_read_per_s=1.5 * MIB,
                                          disk_written_per_s=0.0), 1.0)
     assert served["disk_io"] == {"read_per_s": 1.5 * MIB, "written_per_s": 0.0}
-    plain = payloads.reading(Sample(**figures), 1.0)  # a kernel's own sampler reads none
+    plain = route_bodies.reading(Sample(**figures), 1.0)  # a kernel's own sampler reads none
     assert plain["disk_io"] == {"read_per_s": None, "written_per_s": None}
 
 

@@ -21,7 +21,7 @@ from test_fit_followers import problem
 import ipycloud
 from ipycloud.runtime.checkpoint import CheckpointWarning
 from ipycloud.runtime.storage import filesystem
-from ipycloud.runtime.storage.background import BackgroundSync
+from ipycloud.runtime.storage.periodic_sync import BackgroundSync
 
 RELEASED_ON_COLAB = "ipycloud.fit: the run is saved and verified: releasing this Colab machine"
 KEEPING = "ipycloud.fit: release=True: keeping the machine: "

@@ -96,7 +96,8 @@ def test_a_final_sync_that_fails_at_kernel_exit_reaches_the_server_log_and_the_n
     with log.open("w") as stderr, kernel(tmp_path, stderr=stderr) as (manager, client):
         run(client, "%load_ext ipycloud")
         run(client, f"%mount_storage sync {pair} --every 1h")
-        run(client, "import time\nfrom ipycloud.runtime.storage.background import running_syncs\n"
+        run(client, "import time\n"
+                    "from ipycloud.runtime.storage.periodic_sync import running_syncs\n"
                     "while running_syncs()[0].last_report is None:\n    time.sleep(0.01)")
         shutil.rmtree(target)
         target.write_text("a file where the folder was")

@@ -36,7 +36,7 @@ from readers_inputs import (
 )
 
 from ipycloud.runtime.checkpoint.catalog import read_catalog
-from ipycloud.runtime.checkpoint.runs import live_elsewhere
+from ipycloud.runtime.checkpoint.leases import live_elsewhere
 from ipycloud.runtime.runs import RunRecordWarning, runs
 from ipycloud.runtime.runs.records import RECORD_FOLDER
 from ipycloud.runtime.storage.failed_syncs import failed_syncs

@@ -11,7 +11,7 @@ from waiting import wait_for
 
 from ipycloud.runtime.guard.deadline import register_action, unregister_action
 from ipycloud.runtime.guard.guard import GuardSettings, SessionGuard
-from ipycloud.runtime.storage.background import BackgroundSync
+from ipycloud.runtime.storage.periodic_sync import BackgroundSync
 
 
 def clock(unix_time: float) -> str:

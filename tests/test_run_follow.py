@@ -28,7 +28,7 @@ from recent import now, recent_time  # noqa: F401 (recent_time: an autouse fixtu
 
 from ipycloud.cli import main
 from ipycloud.runtime.runs import UnknownRunError, records
-from ipycloud.runtime.runs.follow import FollowStopped, TextView, follow_run
+from ipycloud.runtime.runs.follow_run import FollowStopped, TextView, follow_run
 from ipycloud.runtime.runs.records import RECORD_FOLDER
 from ipycloud.runtime.runs.summary import RunSummary
 

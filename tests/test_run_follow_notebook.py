@@ -23,10 +23,10 @@ from recent import now, recent_time  # noqa: F401 (recent_time: an autouse fixtu
 from test_live_curves import Clock, Screen
 from waiting import wait_for
 
-from ipycloud.notebook.following import FollowedCurves
+from ipycloud.notebook.follow_in_cell import FollowedCurves
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.records import RECORD_FOLDER
-from ipycloud.runtime.runs.watch import RunWatch
+from ipycloud.runtime.runs.run_watch import RunWatch
 
 HERE = Path(__file__).parent
 SVG = "{http://www.w3.org/2000/svg}"

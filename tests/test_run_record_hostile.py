@@ -20,10 +20,10 @@ from strict_json import loads
 
 from ipycloud.cli import main
 from ipycloud.runtime.runs import RunRecordWarning, log_reader, runs
-from ipycloud.runtime.runs.following import FollowedLog
+from ipycloud.runtime.runs.polled_logs import PolledLog
 from ipycloud.runtime.runs.records import RECORD_FOLDER, index_dir
+from ipycloud.runtime.runs.run_watch import RunWatch
 from ipycloud.runtime.runs.summary import MAX_STEP_ROWS
-from ipycloud.runtime.runs.watch import RunWatch
 from ipycloud.runtime.untrusted import open_regular
 
 RUN, OTHER = "a1b2c3d4e5f6", "0123456789ab"
@@ -175,10 +175,10 @@ def test_the_safe_open_refuses_a_fifo_a_symlink_and_a_folder_without_blocking(
         os.close(fd)
 
 
-def read_log(log: Path, last: FollowedLog | None = None) -> FollowedLog | None:
+def read_log(log: Path, last: PolledLog | None = None) -> PolledLog | None:
     """``log`` followed, as a front polling it does: looked at again (``last``) or
     for the first time; None where it cannot be read."""
-    followed = last or FollowedLog(log)
+    followed = last or PolledLog(log)
     return followed if followed.look() else None
 
 

@@ -27,8 +27,8 @@ from ipycloud.runtime.runs import (
     records,
     runs,
 )
-from ipycloud.runtime.runs.following import FollowedLog
 from ipycloud.runtime.runs.log_reader import LogReader
+from ipycloud.runtime.runs.polled_logs import PolledLog
 from ipycloud.runtime.runs.records import RECORD_FOLDER
 from ipycloud.runtime.runs.summary import STALE_S, RunState, summarize
 
@@ -144,7 +144,7 @@ def test_a_followed_log_is_read_in_small_chunks_with_a_pause_after_each(
     log = write_log(tmp_path, [start(), *(step(number, T0 + number) for number in range(1, 400))])
     pauses: list[float] = []
     monkeypatch.setattr(log_reader.time, "sleep", pauses.append)
-    followed = FollowedLog(log)
+    followed = PolledLog(log)
     assert followed.look()
     chunks = -(-log.stat().st_size // log_reader.BACKGROUND_CHUNK_BYTES)
     assert chunks > 3 and pauses == [log_reader.BACKGROUND_PAUSE_S] * (chunks - 1)

@@ -20,8 +20,8 @@ import pytest
 from cgroup_files import make_v1, make_v2, write
 from waiting import wait_for
 
-from ipycloud.runtime.monitor import payloads
 from ipycloud.runtime.monitor import probe as probe_module
+from ipycloud.runtime.monitor import route_bodies
 from ipycloud.runtime.monitor.probe import Probe, disks_of, take_sample
 from ipycloud.runtime.monitor.readings import readings
 from ipycloud.runtime.monitor.sampler import Sampler, shared_sampler
@@ -326,7 +326,7 @@ def test_disks_are_what_df_shows_one_entry_per_file_system(
                                                 f"{home}, {scratch}")
     assert row.gauges[0].text == "53% · 45.0 GiB free of 100.0 GiB"
     assert row.gauges[0].level == ""  # 53% of what can be filled
-    assert payloads.reading(sample, 1.0)["disks"] == [{
+    assert route_bodies.reading(sample, 1.0)["disks"] == [{
         "name": "home, scratch", "roles": ["home", "scratch"], "paths": [str(home), str(scratch)],
         "used": 50 * GIB, "available": 45 * GIB, "total": 100 * GIB}]
 

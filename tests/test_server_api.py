@@ -18,7 +18,7 @@ from server_fixtures import INTERVAL, MIB, RAM_LIMIT, Api, cgroup_file
 from traitlets import TraitError
 
 from ipycloud.runtime.machine import nvml
-from ipycloud.runtime.monitor import payloads
+from ipycloud.runtime.monitor import route_bodies
 from ipycloud.runtime.monitor.host import HostSample
 from ipycloud.runtime.monitor.processes import ProcessTree
 from ipycloud.server.handlers import AUTH_RESOURCE
@@ -80,7 +80,7 @@ def test_the_kernels_memory_is_the_sum_of_their_live_trees() -> None:
     sample = HostSample(time=0.0, cpu_percent=0.0, ram_used=2048 * MIB,
                         ram_limit=4096 * MIB, ram_available=2048 * MIB, swap_used=0,
                         swap_total=0, process_rss=150 * MIB, watched=MappingProxyType(trees))
-    ram = payloads.reading(sample, 1.0)["ram"]
+    ram = route_bodies.reading(sample, 1.0)["ram"]
     assert (ram["server_rss"], ram["kernels_rss"]) == (150 * MIB, 1000 * MIB)
 
 

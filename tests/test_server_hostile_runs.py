@@ -19,7 +19,7 @@ from server_fixtures import Api
 from strict_json import HOSTILE_RECORD_LINES, loads
 from test_server_runs import DONE, LIVE, T0, append, in_folder, index, inline, write_run
 
-from ipycloud.runtime.runs import following, records
+from ipycloud.runtime.runs import polled_logs, records
 from ipycloud.server.runs import FRESH_S, SCAN_FRESH_S, RunFinder
 
 pytestmark = [pytest.mark.filterwarnings("error:Extension endpoints without"),
@@ -151,7 +151,7 @@ def test_the_view_holds_a_bounded_part_of_a_long_log(tmp_path: Path) -> None:
     tracemalloc.start()
     try:
         [run] = finder.summaries(())
-        for _ in range(size // following.LOOK_BYTES + 1):
+        for _ in range(size // polled_logs.LOOK_BYTES + 1):
             clock[0] += FRESH_S
             [run] = finder.summaries(())
         kept, _ = tracemalloc.get_traced_memory()
@@ -210,7 +210,7 @@ def test_a_huge_log_fills_the_view_over_several_looks_of_bounded_bytes(
     """The first view reads at most LOOK_BYTES of a log, and each view made after it the
     next LOOK_BYTES, until the run is whole: no request waits on the reading of a whole
     log."""
-    monkeypatch.setattr(following, "LOOK_BYTES", 64 * 1024)
+    monkeypatch.setattr(polled_logs, "LOOK_BYTES", 64 * 1024)
     log = write_run(in_folder(tmp_path, LIVE), LIVE, steps=5000, ended=True)
     size = log.stat().st_size
     assert size > 5 * 64 * 1024

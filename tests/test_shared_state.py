@@ -14,7 +14,7 @@ from ipycloud.runtime.guard.activity import CALLBACK
 from ipycloud.runtime.guard.guard import GuardSettings, session_guard
 from ipycloud.runtime.monitor.sampler import shared_sampler
 from ipycloud.runtime.per_process import reset_process_state
-from ipycloud.runtime.storage.background import BackgroundSync, running_syncs
+from ipycloud.runtime.storage.periodic_sync import BackgroundSync, running_syncs
 
 
 def test_keepalive_status_shows_a_guard_started_from_python(

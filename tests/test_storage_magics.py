@@ -19,15 +19,15 @@ from kaggle_server import KaggleServer, make_zip
 from waiting import wait_for
 
 from ipycloud.magics._errors import DownloadFailed
-from ipycloud.runtime.storage.background import (
-    BackgroundSync,
-    background_sync_of,
-    running_syncs,
-)
 from ipycloud.runtime.storage.failed_syncs import failed_syncs, record_failure
 from ipycloud.runtime.storage.gdrive import GdriveResult
 from ipycloud.runtime.storage.kaggle import KaggleResult
 from ipycloud.runtime.storage.mount import MountResult
+from ipycloud.runtime.storage.periodic_sync import (
+    BackgroundSync,
+    background_sync_of,
+    running_syncs,
+)
 from ipycloud.runtime.storage.sync import SyncReport
 
 

@@ -17,11 +17,11 @@ import pytest
 from faultfs import CHANGING, FaultyMount
 from waiting import wait_for
 
-from ipycloud.runtime.storage import background as background_module
+from ipycloud.runtime.storage import periodic_sync as background_module
 from ipycloud.runtime.storage import transfer as transfer_module
 from ipycloud.runtime.storage import tree as tree_module
-from ipycloud.runtime.storage.background import BackgroundSync, background_sync_of, running_syncs
 from ipycloud.runtime.storage.failed_syncs import failed_syncs
+from ipycloud.runtime.storage.periodic_sync import BackgroundSync, background_sync_of, running_syncs
 from ipycloud.runtime.storage.sync import SyncReport, sync
 
 OnBytes = Callable[[int], object]
@@ -480,7 +480,7 @@ def test_starting_a_pair_again_replaces_its_background_sync(src: Path, tmp_path:
 EXIT_AFTER_A_FIRST_RUN = """
 import shutil, sys, time
 from pathlib import Path
-from ipycloud.runtime.storage.background import BackgroundSync
+from ipycloud.runtime.storage.periodic_sync import BackgroundSync
 src, dst, breaking = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "break"
 background = BackgroundSync(src, dst, every_s=3600).start()
 while background.last_report is None:

@@ -101,7 +101,7 @@ def _follow(args: argparse.Namespace) -> int:
     """``ipycloud runs FOLDER --follow [--run ID]``: 0 when the run finished or stopped
     early, 1 when it ended otherwise, 130 when interrupted."""
     from ipycloud.runtime.runs import UnknownRunError
-    from ipycloud.runtime.runs.follow import FollowStopped, follow_run
+    from ipycloud.runtime.runs.follow_run import FollowStopped, follow_run
     from ipycloud.runtime.train.followers import FINISHED, STOPPED_EARLY
 
     if not args.follow:

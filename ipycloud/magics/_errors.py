@@ -9,7 +9,7 @@ from typing import Any
 
 from IPython.core.interactiveshell import InteractiveShell
 
-from ipycloud.runtime.runs.follow import FollowStopped
+from ipycloud.runtime.runs.follow_run import FollowStopped
 from ipycloud.runtime.train.interrupt import FitInterrupted
 
 

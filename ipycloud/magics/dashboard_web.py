@@ -11,9 +11,9 @@ import os
 from urllib.parse import urlencode
 
 from ipycloud.runtime.machine.platform import detect_platform
+from ipycloud.runtime.monitor.dashboard_still import SNAPSHOT_CLASS, Snapshot
 from ipycloud.runtime.monitor.sampler import Sampler, check_view_pace
 from ipycloud.runtime.monitor.session import start_monitoring
-from ipycloud.runtime.monitor.snapshot import SNAPSHOT_CLASS, Snapshot
 from ipycloud.runtime.monitor.webpage import SERVER_PAGE_ENV, serve_page
 from ipycloud.runtime.runs.recorder import kernel_id
 from ipycloud.widgets.stills import Stills

@@ -28,7 +28,7 @@ from ipycloud.runtime.units import counted
 if TYPE_CHECKING:
     import argparse
 
-    from ipycloud.runtime.storage.background import BackgroundSync
+    from ipycloud.runtime.storage.periodic_sync import BackgroundSync
 
 MOUNT_KINDS = ("auto", "drive", "kaggle", "local")
 ACTIONS = (*MOUNT_KINDS, "gdrive", "download", "sync", "status")
@@ -195,8 +195,8 @@ class StorageMagics(Magics):
                                force=args.force)
 
     def _sync(self, args: argparse.Namespace) -> Any:
-        from ipycloud.runtime.storage.background import BackgroundSync
         from ipycloud.runtime.storage.failed_syncs import failure_of
+        from ipycloud.runtime.storage.periodic_sync import BackgroundSync
         from ipycloud.runtime.storage.sync import sync
 
         source, target = (expand_home(folder) for folder in
@@ -218,7 +218,7 @@ class StorageMagics(Magics):
 
     def _stop_syncs(self, args: argparse.Namespace) -> Notice:
         from ipycloud.runtime.messages import describe_error
-        from ipycloud.runtime.storage.background import background_sync_of, running_syncs
+        from ipycloud.runtime.storage.periodic_sync import background_sync_of, running_syncs
 
         operands = [expand_home(folder) for folder in
                     _expect(args.operands, (0, 2), "%mount_storage sync [SRC DST] --stop")]
@@ -252,9 +252,9 @@ class StorageMagics(Magics):
         return Notice("\n".join(stopped))
 
     def _status(self, args: argparse.Namespace) -> Notice:
-        from ipycloud.runtime.storage.background import running_syncs
         from ipycloud.runtime.storage.failed_syncs import failed_syncs
         from ipycloud.runtime.storage.mount import last_mount
+        from ipycloud.runtime.storage.periodic_sync import running_syncs
         from ipycloud.runtime.units import format_bytes
 
         _expect(args.operands, 0, "%mount_storage status")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from ipycloud.runtime.monitor.deaths import before_death, explain_death
 from ipycloud.runtime.notify import notify
+from ipycloud.server.kernel_bodies import Json, death_message
 from ipycloud.server.monitor import ServerMonitor
-from ipycloud.server.payloads import Json, death_message
 
 EVENTS_KEPT = 1000
 

@@ -15,7 +15,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ipycloud.runtime.monitor.payloads import parse_since, reading
+from ipycloud.runtime.monitor.route_bodies import parse_since, reading
 from ipycloud.runtime.untrusted import strict_dumps
 from ipycloud.server.events import DeathRecorder
 from ipycloud.server.kernels import KernelWatch

@@ -21,8 +21,8 @@ from tornado.ioloop import PeriodicCallback
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.monitor.host import HostSample
 from ipycloud.server.events import DeathRecorder, KernelDeath
+from ipycloud.server.kernel_bodies import Json, kernel
 from ipycloud.server.monitor import ServerMonitor
-from ipycloud.server.payloads import Json, kernel
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import cast
 
 from ipycloud.runtime.monitor.host import HostProbe, HostSample
-from ipycloud.runtime.monitor.payloads import history_of_encoded, reading
+from ipycloud.runtime.monitor.route_bodies import history_of_encoded, reading
 from ipycloud.runtime.monitor.sampler import Sampler
 from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.per_process import per_process

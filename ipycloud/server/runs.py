@@ -9,7 +9,7 @@ log followed, its summaries encoded once) serves them all. A request that finds 
 FRESH_S old has it made again on a thread of its own and answers from the one it found;
 one made for another set of kernels is made at once, unless a making is under way: then
 the last view answers. No request waits on another's reading of files, but for the first
-view, at most FIRST_VIEW_WAIT_S. Logs are followed by ipycloud.runtime.runs.following:
+view, at most FIRST_VIEW_WAIT_S. Logs are followed by ipycloud.runtime.runs.polled_logs:
 regular files only, never through a link, their appended bytes only, what is kept of each
 bounded. A log under the root that is a link, or lies outside the root once its links are
 resolved, is not the server's unless a kernel of its own named it.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.following import FollowedLog
+from ipycloud.runtime.runs.polled_logs import PolledLog
 from ipycloud.runtime.untrusted import strict_dumps
 
 Json = dict[str, Any]
@@ -51,7 +51,7 @@ class _View:
     """The server's runs as found at one time."""
 
     kernels: Collection[str]  # the kernels it was made for
-    logs: dict[str, FollowedLog]  # by run id
+    logs: dict[str, PolledLog]  # by run id
     summaries: list[Json]  # newest first
     body: str  # the ``runs`` route's answer: strict JSON
     made_at: float
@@ -79,7 +79,7 @@ class RunFinder:
         self._making = False  # a view is being made
         self._walk: list[Path] | None = None  # the last walk's logs
         self._walked_at = 0.0
-        self._tails: dict[Path, FollowedLog] = {}  # as the last view followed them
+        self._tails: dict[Path, PolledLog] = {}  # as the last view followed them
         self._index: dict[Path, tuple[tuple[int, int, int], Json | None]] = {}
 
     def prepare(self, kernels: Collection[str]) -> None:
@@ -166,9 +166,9 @@ class RunFinder:
     def _make(self, kernels: Collection[str]) -> _View:
         """Find the logs and follow them into a new view (one making at a time)."""
         paths = dict.fromkeys([*self._indexed(kernels), *self._walked()])
-        tails = {path: self._tails.get(path) or FollowedLog(path) for path in paths}
+        tails = {path: self._tails.get(path) or PolledLog(path) for path in paths}
         followed = {path: tail for path, tail in tails.items() if tail.look()}
-        by_id: dict[str, FollowedLog] = {}
+        by_id: dict[str, PolledLog] = {}
         for path, tail in followed.items():  # of two logs of one run, the one changed last
             other = by_id.get(path.stem)
             if other is None or tail.changed_ns > other.changed_ns:

@@ -9,8 +9,8 @@ from typing import Any
 
 from IPython.display import DisplayHandle, display
 
+from ipycloud.runtime.monitor.dashboard_still import Snapshot
 from ipycloud.runtime.monitor.sampler import Sampler
-from ipycloud.runtime.monitor.snapshot import Snapshot
 
 
 class Stills:

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from ipycloud._version import __version__
 from ipycloud.runtime._optional import is_available, require
-from ipycloud.runtime.checkpoint import catalog, integrity, rng, runs, writer_process
+from ipycloud.runtime.checkpoint import catalog, integrity, leases, rng, writer_process
 from ipycloud.runtime.checkpoint.background import (
     IDLE_PRIORITY_S,
     BackgroundWriter,
@@ -218,9 +218,9 @@ class CheckpointManager:
 
     def _claim_run(self) -> str:
         """This process's run in the folder, claimed at its first save there."""
-        run = runs.claimed(self.directory)
-        if run is None or not runs.leased(self.directory):
-            run = runs.claim(self.directory, catalog.read_catalog(self.directory)[0],
+        run = leases.claimed(self.directory)
+        if run is None or not leases.leased(self.directory):
+            run = leases.claim(self.directory, catalog.read_catalog(self.directory)[0],
                              stacklevel=4)
         return run
 
@@ -517,7 +517,7 @@ class CheckpointManager:
         if restore_rng:
             rng.restore_rng_states(payload.get("rng", {}))
         if info.run not in self._others_runs():
-            runs.adopt(self.directory, info.run)  # later saves continue its run
+            leases.adopt(self.directory, info.run)  # later saves continue its run
         return info
 
     def _require_directory(self) -> None:
@@ -591,15 +591,15 @@ class CheckpointManager:
             raise CheckpointError(_not_found(which, infos, self.directory))
         return candidates
 
-    def _others_runs(self) -> dict[str, runs.Writer]:
+    def _others_runs(self) -> dict[str, leases.Writer]:
         """The runs in the folder that another live process writes (not this one's)."""
-        others = runs.live_elsewhere(self.directory)
+        others = leases.live_elsewhere(self.directory)
         if self.fallback is not None:
-            others |= runs.live_elsewhere(self.fallback)
-        others.pop(runs.claimed(self.directory) or "", None)
+            others |= leases.live_elsewhere(self.fallback)
+        others.pop(leases.claimed(self.directory) or "", None)
         return others
 
-    def live_writers(self) -> dict[str, runs.Writer]:
+    def live_writers(self) -> dict[str, leases.Writer]:
         """The runs in the folder that another live process on this machine writes, by run
         id (``CheckpointInfo.run``), with the process that writes each."""
         return self._others_runs()

@@ -25,7 +25,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from ipycloud.runtime.checkpoint import runs
+from ipycloud.runtime.checkpoint import leases
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
@@ -197,7 +197,7 @@ class ResilientSaver:
         if folder is None:
             return None
         if self._fallback_manager is None:
-            runs.adopt(folder, runs.claimed(self.manager.directory))
+            leases.adopt(folder, leases.claimed(self.manager.directory))
             self._fallback_manager = CheckpointManager(
                 folder, keep_last=self.manager.keep_last, keep_best=self.manager.keep_best,
                 fallback=None)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ipycloud.runtime._optional import is_available
 from ipycloud.runtime.cluster.environment import CHECKPOINT_DIR_VARIABLE
+from ipycloud.runtime.cluster.function_file import dump_payload, python_version
 from ipycloud.runtime.cluster.imports import function_reach, is_standard, script_imports
 from ipycloud.runtime.cluster.options import (
     CHECKPOINT_MOUNT,
@@ -32,7 +33,6 @@ from ipycloud.runtime.cluster.options import (
     parse_accelerators,
     parse_data,
 )
-from ipycloud.runtime.cluster.payload import dump_payload, python_version
 from ipycloud.runtime.cluster.pins import Installed, Pin, requirements_text
 from ipycloud.runtime.cluster.shell_words import shell_word
 from ipycloud.runtime.cluster.task import REQUIREMENTS_FILE, TASK_FILE, Plan, task_yaml

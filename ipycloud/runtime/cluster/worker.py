@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from ipycloud.runtime.cluster.payload import PayloadError, load_payload
+from ipycloud.runtime.cluster.function_file import PayloadError, load_payload
 from ipycloud.runtime.train.distributed import run_under_torchrun
 
 

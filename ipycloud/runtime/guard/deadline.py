@@ -2,7 +2,7 @@
 
 The session guard runs them before the platform's session limit and on SIGTERM. The
 automatic checkpoint (``checkpoint.auto.register()``) always runs first, then a final run
-of each running background sync (``storage.background.running_syncs()``), then the actions
+of each running background sync (``storage.periodic_sync.running_syncs()``), then the actions
 registered with ``register_action()`` in the order they were registered.
 
 A run never overlaps another: a trigger that arrives while a run is in progress does not
@@ -132,7 +132,7 @@ def _snapshot() -> list[tuple[str, Action]]:
     """The automatic checkpoint (when registered), the running background syncs, then the
     registered actions."""
     from ipycloud.runtime.checkpoint import auto
-    from ipycloud.runtime.storage.background import running_syncs
+    from ipycloud.runtime.storage.periodic_sync import running_syncs
 
     registration = auto.registered()
     with _actions_lock:

@@ -5,7 +5,7 @@ their run records, answered as the Jupyter server's routes of the same names ans
 
 The page asks every second, so the runs are followed, not read anew: the user's index of
 runs is read for its new or changed entries only, and only this process's logs, each for
-the lines appended since the last look (ipycloud.runtime.runs.following: whatever the
+the lines appended since the last look (ipycloud.runtime.runs.polled_logs: whatever the
 files hold, the answers are strict JSON).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.following import FollowedLog
+from ipycloud.runtime.runs.polled_logs import PolledLog
 from ipycloud.runtime.runs.summary import RunSummary
 from ipycloud.runtime.untrusted import strict_dumps
 
@@ -36,12 +36,12 @@ class ProcessRuns:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, tuple[int, Path | None]] = {}  # index file: mtime, my log
-        self._logs: dict[Path, FollowedLog] = {}
+        self._logs: dict[Path, PolledLog] = {}
 
-    def logs(self) -> list[FollowedLog]:
+    def logs(self) -> list[PolledLog]:
         """Each run's log as read now (each with a summary), the run updated last first."""
         with self._lock:
-            tails = {path: self._logs.get(path) or FollowedLog(path) for path in self._my_logs()}
+            tails = {path: self._logs.get(path) or PolledLog(path) for path in self._my_logs()}
             self._logs = {path: tail for path, tail in tails.items() if tail.look()}
             return sorted(self._logs.values(), key=_updated, reverse=True)
 
@@ -73,7 +73,7 @@ class ProcessRuns:
         return [log for _, log in entries.values() if log is not None]
 
 
-def _updated(tail: FollowedLog) -> float:
+def _updated(tail: PolledLog) -> float:
     updated = tail.summary["updated"] if tail.summary else None
     return float(updated) if isinstance(updated, int | float) else 0.0
 

@@ -40,7 +40,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from ipycloud.runtime.monitor import payloads
+from ipycloud.runtime.monitor import route_bodies
 from ipycloud.runtime.monitor.http_connections import ConnectionsServer
 from ipycloud.runtime.monitor.page_runs import NoSuchRun, run_answer, runs_answer
 from ipycloud.runtime.monitor.sampler import (
@@ -166,7 +166,7 @@ class PageServer:
         sample, interval = self.latest(), self.interval
         encoded = self._reading
         if encoded is None or encoded[0] is not sample or encoded[1] != interval:
-            body = json.dumps(payloads.reading(sample, interval)).encode()
+            body = json.dumps(route_bodies.reading(sample, interval)).encode()
             self._reading = encoded = (sample, interval, body)
         return encoded[2]
 
@@ -304,8 +304,8 @@ def _reading(page: PageServer, query: dict[str, str]) -> Answer:
 
 
 def _history(page: PageServer, query: dict[str, str]) -> Answer:
-    since = payloads.parse_since(query.get("since"))
-    body = payloads.history(page.sampler.history(since), page.interval)
+    since = route_bodies.parse_since(query.get("since"))
+    body = route_bodies.history(page.sampler.history(since), page.interval)
     return 200, JSON, body.encode()
 
 
@@ -314,7 +314,7 @@ def _runs(page: PageServer, query: dict[str, str]) -> Answer:
 
 
 def _run(page: PageServer, query: dict[str, str]) -> Answer:
-    return 200, JSON, run_answer(query["id"], payloads.parse_since(query.get("since")))
+    return 200, JSON, run_answer(query["id"], route_bodies.parse_since(query.get("since")))
 
 
 RUN_ROUTE = "/api/runs/"  # followed by the run's id

@@ -5,8 +5,8 @@ page and the Jupyter server.
 ``records`` (where logs lie, their lines, the index of runs), ``summary`` (a run from its
 lines, in bounded memory), ``log_reader`` (a log read as it grows, whoever wrote it),
 ``reading`` (``runs`` and ``read_run``), ``table`` (runs as a table), ``best`` (the
-best epoch by a metric); ``following`` (logs followed by the fronts that poll them),
-``watch`` (one run's log looked at as it grows) and ``follow`` (a run followed until it
+best epoch by a metric); ``polled_logs`` (logs followed by the fronts that poll them),
+``run_watch`` (one run's log looked at as it grows) and ``follow_run`` (a run followed until it
 ends, wherever it trains, shown by a view); the writing side: ``appender`` (lines appended
 by a thread of their own) and ``recorder`` (the follower of ``fit`` that writes the
 record).

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ipycloud._version import __version__
-from ipycloud.runtime.checkpoint.runs import new_run_id
+from ipycloud.runtime.checkpoint.leases import new_run_id
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.appender import Appender
 

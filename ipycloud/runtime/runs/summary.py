@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ipycloud.runtime.checkpoint.runs import process_alive
+from ipycloud.runtime.checkpoint.leases import process_alive
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.best import best_epoch
 from ipycloud.runtime.units import format_duration, format_rate

@@ -3,7 +3,7 @@
 The machine goes only once nothing but the checkpoint folder holds the run: the final
 checkpoint (that of the run's last step: an earlier one is not enough) is read back from
 the folder and matches its manifest, and every running background sync of the folder
-(``storage.background``) has made its final pass. Otherwise it stays, and one line says
+(``storage.periodic_sync``) has made its final pass. Otherwise it stays, and one line says
 why. Alerts still queued go first (waiting a few seconds).
 
 On Colab the run must also be on storage that outlives the machine: the folder, or the
@@ -28,7 +28,7 @@ from ipycloud.runtime.checkpoint.resilient import ResilientSaver
 from ipycloud.runtime.kernel import running_kernel
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.storage import filesystem
-from ipycloud.runtime.storage.background import BackgroundSync, running_syncs
+from ipycloud.runtime.storage.periodic_sync import BackgroundSync, running_syncs
 
 ALERTS_WAIT_S = 10.0  # how long queued alerts may take before the machine goes
 DRIVE_FLUSH_WAIT_S = 3600.0  # how long Drive may take to receive the writes it caches

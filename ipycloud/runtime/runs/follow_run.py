@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.recorder import kernel_id
+from ipycloud.runtime.runs.run_watch import Change, RunWatch, find_log
 from ipycloud.runtime.runs.summary import LIVE, RunSummary, progress_line
-from ipycloud.runtime.runs.watch import Change, RunWatch, find_log
 
 INTERVAL_S = 1.0  # between two looks at the record, at least
 BUSY_SHARE = 0.01  # of a core that looking and showing take, at most

@@ -24,7 +24,7 @@ Json = dict[str, Any]
 LOOK_BYTES = 4 << 20  # of a log read by one look at most
 
 
-class FollowedLog:
+class PolledLog:
     """One run log followed as it grows: one thread looks, any may read what it found."""
 
     def __init__(self, path: Path) -> None:

@@ -23,7 +23,7 @@ import ipycloud
 from ipycloud.runtime.checkpoint import (
     CheckpointManager,
     CheckpointWarning,
-    runs,
+    leases,
 )
 
 OTHER_KERNEL = textwrap.dedent("""
@@ -98,7 +98,7 @@ def test_two_live_writers_rotate_only_their_own_and_load_their_own(
     for step in (2, 3, 4):
         other_kernel.ask(do="save", value=float(step), step=step)
         save_quietly(mine, 10.0 + step, 10 + step)
-    ours = runs.claimed(folder)
+    ours = leases.claimed(folder)
     assert ours is not None and ours != theirs
     assert steps_by_run(folder) == {theirs: [3, 4], ours: [13, 14]}
     state = {"value": torch.tensor(0.0)}
@@ -131,7 +131,7 @@ def test_a_restarted_writer_goes_on_with_its_own_run(
         restarted.save({"value": torch.tensor(102.0)}, 102)
     assert warned[0].filename == __file__
     restarted.save({"value": torch.tensor(103.0)}, 103)
-    assert runs.claimed(folder) == dead_run
+    assert leases.claimed(folder) == dead_run
     assert steps_by_run(folder)[dead_run] == [102, 103]
     assert len(steps_by_run(folder)) == 2
 
@@ -176,9 +176,9 @@ def test_a_process_that_only_reads_loads_the_live_writers_newest(
     assert reader.load(state).step == 2 and float(state["value"]) == 2.0
     assert "step-000000002 (latest)" in str(reader.table())
     assert list(reader.live_writers()) == [theirs]
-    assert runs.claimed(folder) is None  # its run is not continued here
+    assert leases.claimed(folder) is None  # its run is not continued here
     save_quietly(reader, 9.0, 9)
-    assert runs.claimed(folder) != theirs
+    assert leases.claimed(folder) != theirs
 
 
 def test_fit_starts_afresh_beside_another_live_writers_run(

@@ -1,13 +1,13 @@
 """The JSON bodies of the kernel routes and the death events (README.md gives their shapes);
-those of ``reading`` and ``history`` are the runtime's (ipycloud.runtime.monitor.payloads), as
+those of ``reading`` and ``history`` are the runtime's (ipycloud.runtime.monitor.route_bodies), as
 the kernel's dashboard page answers them too. Sizes are bytes, times Unix seconds,
 percentages 0-100; a figure the machine cannot give is None (null), never left out."""
 
 from __future__ import annotations
 
 from ipycloud.runtime.monitor.deaths import Death, signal_name
-from ipycloud.runtime.monitor.payloads import Json
 from ipycloud.runtime.monitor.processes import ProcessTree
+from ipycloud.runtime.monitor.route_bodies import Json
 from ipycloud.runtime.units import format_in, size_unit
 
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from ipycloud.notebook.curves import INTERVAL_S, DisplayArea, Screen
 from ipycloud.runtime.kernel import running_kernel
 from ipycloud.runtime.runs import records
-from ipycloud.runtime.runs.follow import follow_run
+from ipycloud.runtime.runs.follow_run import follow_run
+from ipycloud.runtime.runs.run_watch import Change
 from ipycloud.runtime.runs.summary import LIVE, RunSummary, progress_line
-from ipycloud.runtime.runs.watch import Change
 from ipycloud.runtime.train.curves import TrainingCurves
 
 
