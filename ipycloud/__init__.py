@@ -9,23 +9,30 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ipycloud._version import __version__
+from ipycloud._version import __version__ as __version__
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-# Public names served from the runtime on first access, so ``import ipycloud`` stays light.
+# Public names served from the runtime on first access, so ``import ipycloud`` stays light:
+# what a notebook user calls, and the errors and warnings a user catches or filters.
+# tests/test_public_api.py lists them; the rest is imported from its ``ipycloud.runtime``
+# module.
 _LAZY_ATTRIBUTES = {
     "environment_report": "ipycloud.runtime.machine.report",
     "detect_platform": "ipycloud.runtime.machine.platform",
-    "CheckpointManager": "ipycloud.runtime.checkpoint",
     "fit": "ipycloud.runtime.train.loop",
-    "History": "ipycloud.runtime.train.history",
+    "FitInterrupted": "ipycloud.runtime.train.interrupt",
+    "NonFiniteLossError": "ipycloud.runtime.train.loop",
+    "loader": "ipycloud.runtime.train.data",
+    "CheckpointManager": "ipycloud.runtime.checkpoint",
+    "CheckpointError": "ipycloud.runtime.checkpoint",
+    "CheckpointWarning": "ipycloud.runtime.checkpoint",
     "runs": "ipycloud.runtime.runs",
     "follow": "ipycloud.notebook.follow_in_cell",
-    "loader": "ipycloud.runtime.train.data",
     "launch": "ipycloud.runtime.train.distributed",
     "run_under_torchrun": "ipycloud.runtime.train.distributed",
+    "LaunchError": "ipycloud.runtime.train.distributed",
     "mount": "ipycloud.runtime.storage.mount",
     "download": "ipycloud.runtime.storage.download",
     "extract": "ipycloud.runtime.storage.extract",
@@ -33,16 +40,8 @@ _LAZY_ATTRIBUTES = {
     "BackgroundSync": "ipycloud.runtime.storage.periodic_sync",
     "kaggle_download": "ipycloud.runtime.storage.kaggle",
     "gdrive_download": "ipycloud.runtime.storage.gdrive",
-    "start_monitoring": "ipycloud.runtime.monitor.session",
-    "stop_monitoring": "ipycloud.runtime.monitor.session",
-    "shared_sampler": "ipycloud.runtime.monitor.sampler",
     "usage_report": "ipycloud.runtime.monitor.usage",
     "live_dashboard": "ipycloud.widgets.dashboard",
-    "SessionGuard": "ipycloud.runtime.guard.guard",
-    "session_guard": "ipycloud.runtime.guard.guard",
-    "GuardSettings": "ipycloud.runtime.guard.settings",
-    "register_action": "ipycloud.runtime.guard.deadline",
-    "unregister_action": "ipycloud.runtime.guard.deadline",
     "notify": "ipycloud.runtime.notify",
 }
 
@@ -52,7 +51,7 @@ _LAZY_SUBMODULES = {"cluster"}
 # Names that show more in a notebook: the first access loads the notebook front as well.
 _DRAWN_IN_NOTEBOOKS = {"fit"}
 
-__all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES, *_LAZY_SUBMODULES]
+__all__ = sorted(["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES, *_LAZY_SUBMODULES])
 
 
 def __getattr__(name: str) -> Any:
@@ -64,6 +63,11 @@ def __getattr__(name: str) -> Any:
     if name in _DRAWN_IN_NOTEBOOKS:
         importlib.import_module("ipycloud.notebook").follow_runs()
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    """The public names and the module's own dunders, for ``dir()``, completion and ``help()``."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:

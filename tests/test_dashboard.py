@@ -403,7 +403,8 @@ def test_a_report_without_samples_is_one_line(magic_shell) -> None:
     with pytest.raises(UsageError) as caught:
         magic_shell.run_line_magic("dashboard", "report")
     assert str(caught.value) == ("%dashboard report: no samples recorded yet: start monitoring "
-                                 "with %dashboard (or ipycloud.start_monitoring())")
+                                 "with %dashboard (or "
+                                 "ipycloud.runtime.monitor.session.start_monitoring())")
 
 
 @pytest.fixture

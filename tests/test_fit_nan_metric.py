@@ -17,6 +17,7 @@ from test_fit_followers import problem
 
 import ipycloud
 from ipycloud.runtime.runs.records import RECORD_FOLDER
+from ipycloud.runtime.train.history import History
 
 NAN, INF = float("nan"), float("inf")
 
@@ -27,7 +28,7 @@ def metric_of(values: list[float]) -> Any:
     return lambda predictions, labels: next(given)
 
 
-def train(values: list[float], folder: Path | None = None, **options: Any) -> ipycloud.History:
+def train(values: list[float], folder: Path | None = None, **options: Any) -> History:
     model, optimizer, data = problem(32)
     return ipycloud.fit(model, optimizer, data, epochs=len(values), val_data=data,
                         metrics={"r2": metric_of(values)}, device="cpu", progress=False,

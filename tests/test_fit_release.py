@@ -22,12 +22,13 @@ import ipycloud
 from ipycloud.runtime.checkpoint import CheckpointWarning
 from ipycloud.runtime.storage import filesystem
 from ipycloud.runtime.storage.periodic_sync import BackgroundSync
+from ipycloud.runtime.train.history import History
 
 RELEASED_ON_COLAB = "ipycloud.fit: the run is saved and verified: releasing this Colab machine"
 KEEPING = "ipycloud.fit: release=True: keeping the machine: "
 
 
-def train(folder: Any, **options: Any) -> ipycloud.History:
+def train(folder: Any, **options: Any) -> History:
     model, optimizer, data = problem(32)
     return ipycloud.fit(model, optimizer, data, device="cpu", progress=False,
                         checkpoint=folder, release=True, **{"epochs": 2, **options})

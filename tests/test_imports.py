@@ -52,7 +52,7 @@ def test_public_names_load_on_first_use() -> None:
     import ipycloud
 
     assert callable(ipycloud.environment_report)
-    for name in ("fit", "loader", "launch", "CheckpointManager", "History", "mount", "download",
+    for name in ("fit", "loader", "launch", "CheckpointManager", "mount", "download",
                  "extract", "sync", "follow"):
         assert getattr(ipycloud, name).__name__ == name
     assert ipycloud.detect_platform().key

@@ -24,11 +24,12 @@ import ipycloud
 from ipycloud.runtime import notify
 from ipycloud.runtime.guard.guard import GuardSettings, SessionGuard
 from ipycloud.runtime.notify.sender import Alert, Notifier
+from ipycloud.runtime.train.history import History
 
 SECRET = "s3cret-token"
 
 
-def train(**options: Any) -> ipycloud.History:
+def train(**options: Any) -> History:
     model, optimizer, data = problem(32)
     return ipycloud.fit(model, optimizer, data, device="cpu", progress=False, **options)
 

@@ -29,7 +29,7 @@ def test_keepalive_status_shows_a_guard_started_from_python(
 def test_the_guard_speaks_python_and_the_magic_speaks_options(
         shell: InteractiveShell, local_home: Path) -> None:
     python_words = str(session_guard().status())
-    assert "start it with ipycloud.session_guard().start()" in python_words
+    assert "start it with ipycloud.runtime.guard.guard.session_guard().start()" in python_words
     assert "give one with GuardSettings(limit_s=...)" in python_words
     assert "%keepalive" not in python_words and "--limit" not in python_words
     magic_words = str(shell.run_line_magic("keepalive", "status"))

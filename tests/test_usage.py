@@ -431,7 +431,7 @@ def test_no_samples_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None
         usage_report([])
     assert str(caught.value) == NO_SAMPLES
     assert NO_SAMPLES == ("no samples recorded yet: start monitoring with "
-                          "ipycloud.start_monitoring()")
+                          "ipycloud.runtime.monitor.session.start_monitoring()")
     with pytest.raises(ValueError, match="no samples recorded yet"):
         UsageTracker().report()
 

@@ -36,7 +36,7 @@ OPTIONS = {
     "stop": set(),
 }
 NO_SAMPLES = ("no samples recorded yet: start monitoring with %dashboard "
-              "(or ipycloud.start_monitoring())")
+              "(or ipycloud.runtime.monitor.session.start_monitoring())")
 
 
 @magics_class

@@ -17,7 +17,8 @@ class UsageRecording(Configurable):
 
     enabled = Bool(True, help="Record CPU, RAM and GPU use from %load_ext ipycloud on (one "
                               "sample a second on a background thread); False: only while a "
-                              "dashboard runs or after ipycloud.start_monitoring()"
+                              "dashboard runs or after "
+                              "ipycloud.runtime.monitor.session.start_monitoring()"
                    ).tag(config=True)
 
     def __init__(self, shell: Any, **kwargs: Any) -> None:

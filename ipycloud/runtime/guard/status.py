@@ -29,7 +29,7 @@ class GuardStatus:
     last_run: str | None
     notices: tuple[str, ...]
     # How to start the guard and give a limit, in the words of the front that shows this.
-    start_hint: str = "ipycloud.session_guard().start()"
+    start_hint: str = "ipycloud.runtime.guard.guard.session_guard().start()"
     limit_hint: str = "GuardSettings(limit_s=...)"
 
     @property

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 MAX_GAP_S = 60.0
 IDLE_BELOW_PERCENT = 5.0
-NO_SAMPLES = "no samples recorded yet: start monitoring with ipycloud.start_monitoring()"
+NO_SAMPLES = ("no samples recorded yet: start monitoring with "
+              "ipycloud.runtime.monitor.session.start_monitoring()")
 _GAP_FACTOR = 3
 
 
