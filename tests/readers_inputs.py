@@ -69,7 +69,9 @@ def file_contents(base: dict[str, Any]) -> st.SearchStrategy[bytes]:
 
 RECORD = {"t": 1_700_000_000.0, "kind": "step", "step": 3, "epoch": 0, "loss": 0.5,
           "pid": 1, "host": "here", "total_steps": 10, "epochs": 2, "status": "finished",
-          "best": {"metric": "val_loss", "value": 0.1, "epoch": 0}}
+          "best": {"metric": "val_loss", "value": 0.1, "epoch": 0}, "reason": "why",
+          "notebook": "train.ipynb", "kernel": "4f6c", "folder": "/ck", "device": "cpu",
+          "model": "MLP", "session_left_s": 60.0}
 RECORD_LINES = st.one_of(
     st.binary(max_size=200), JSON_VALUES.map(dumped), DEEP.map(str.encode),
     st.tuples(st.sampled_from(KINDS), fields_over(RECORD)).map(

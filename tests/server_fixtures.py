@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from api_schema import check_route
 from cgroup_files import make_v2
 from fake_nvml import BOARDS, FakeBoard
 from pytest_jupyter.jupyter_core import (  # noqa: F401
@@ -159,7 +160,7 @@ class Api:
         response = self.response("ipycloud", "api", *route.split("/"), params=params)
         assert response.code == 200, (response.code, response.body)
         assert response.headers["Content-Type"] == "application/json"
-        return json.loads(response.body)
+        return check_route(route, json.loads(response.body))
 
     def post(self, *path: str, body: dict[str, Any]) -> Any:
         """POST JSON to a route of the server itself (sessions, kernels)."""

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from api_schema import check
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from readers_inputs import (
@@ -199,6 +200,6 @@ def test_a_folder_with_any_log_is_listed(tmp_path: Path, lines: list[bytes],
         warnings.simplefilter("ignore", RunRecordWarning)
         listed = without_blocking(lambda: runs(tmp_path))
     for run in listed:  # type: ignore[attr-defined]
-        json.dumps(run.to_json(), allow_nan=False)
+        check("run-summary.json", json.loads(json.dumps(run.to_json(), allow_nan=False)))
     if kind != "file":
         assert listed == []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_schema import check_route
 from server_fixtures import *  # noqa: F403
 from server_fixtures import Api
 from strict_json import HOSTILE_RECORD_LINES, loads
@@ -35,7 +36,7 @@ def get(api: Api, route: str, **params: str) -> Any:
     response = api.response("ipycloud", "api", *route.split("/"), params=params or None,
                             request_timeout=REQUEST_TIMEOUT_S)
     assert response.code == 200, (route, response.code, response.body[:200])
-    return loads(response.body)
+    return check_route(route, loads(response.body))
 
 
 def listed(api: Api) -> list[str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_schema import ERROR, check, check_route, route_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from server_fixtures import *  # noqa: F403
@@ -39,9 +40,11 @@ numbers_as_text = st.one_of(client_text, st.floats().map(repr), st.integers().ma
 def assert_answered(api: Api, *path: str, params: dict[str, str] | None = None) -> None:
     response = api.response(*path, params=params)
     assert response.code == 200 or 400 <= response.code < 500, (path, params, response.code)
-    if response.code != 200 and path[:2] == ("ipycloud", "api"):
-        message = json.loads(response.body)["message"]
-        assert isinstance(message, str) and message and "\n" not in message
+    if path[:2] == ("ipycloud", "api"):
+        body = json.loads(response.body)
+        check(route_schema("/".join(path[2:])) if response.code == 200 else ERROR, body)
+        if response.code != 200:
+            assert body["message"] and "\n" not in body["message"]
 
 
 @pytest.fixture
@@ -128,8 +131,8 @@ def test_any_log_gives_its_records_in_strict_json(tmp_path_factory: pytest.TempP
             else:
                 file.write((line if isinstance(line, bytes) else line.encode()) + b"\n")
     finder = RunFinder(root, background=inline)
-    [run] = loads(finder.runs_json(()).encode())["runs"]
+    [run] = check_route("runs", loads(finder.runs_json(()).encode()))["runs"]
     assert run["id"] == LIVE
     answer = finder.run_json(LIVE, (), None)
     assert answer is not None
-    assert loads(answer.encode())["records"] == good
+    assert check_route(f"runs/{LIVE}", loads(answer.encode()))["records"] == good

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from api_schema import check_route
 from IPython.core.error import UsageError
 from jupyter_process import refused
 from page_process import PageProcess
@@ -61,7 +62,7 @@ def get_json(server: PageServer, route: str, **query: object) -> Any:
                                                              **query}.items())
     status, content_type, body = get(server, f"/api/{route}?{search}")
     assert (status, content_type) == (200, "application/json"), body
-    return json.loads(body)
+    return check_route(route, json.loads(body))
 
 
 @pytest.fixture

@@ -52,9 +52,13 @@ def test_the_wheel_carries_the_built_extension_and_the_server_config(wheel: Path
     data = f"ipycloud-{ipycloud.__version__}.data/data"
     share = f"{data}/share/jupyter/labextensions/{LABEXTENSION}"
     names = set(zipfile.ZipFile(wheel).namelist())
+    # The JSON Schemas of the server's route bodies ship in the package.
+    route_schemas = [f"ipycloud/server/schema/{path.name}"
+                     for path in (ROOT / "ipycloud" / "server" / "schema").glob("*.json")]
+    assert route_schemas
     for name in (f"{share}/package.json", f"{share}/install.json",
                  f"{share}/schemas/{LABEXTENSION}/plugin.json",
-                 f"{data}/etc/jupyter/jupyter_server_config.d/ipycloud.json"):
+                 f"{data}/etc/jupyter/jupyter_server_config.d/ipycloud.json", *route_schemas):
         assert name in names, f"{wheel.name} lacks {name}"
     assert any(re.fullmatch(rf"{share}/static/remoteEntry\.[0-9a-f]+\.js", name)
                for name in names), f"{wheel.name} has no built remoteEntry"

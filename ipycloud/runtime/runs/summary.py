@@ -26,7 +26,7 @@ from typing import Any
 from ipycloud.runtime.checkpoint.leases import process_alive
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.best import best_epoch
-from ipycloud.runtime.units import format_duration, format_rate
+from ipycloud.runtime.units import finite_number, format_duration, format_rate
 from ipycloud.runtime.untrusted import is_count, is_unix_time, strict
 
 RUNNING, RESTARTING, LOST = "running", "restarting", "lost"  # besides those of an end (RunEnd's)
@@ -86,9 +86,9 @@ class RunSummary:
         ``checkpoints`` are counts (the records themselves come with ``read_run``),
         ``remote`` says whether ``host`` is another machine than the reader's."""
         start = self.start
-        return strict({"id": self.id, "status": self.status, "notebook": start.get("notebook"),
-                "host": self.host, "remote": self.remote, "pid": start.get("pid"),
-                "kernel": start.get("kernel"), "folder": start.get("folder"),
+        return strict({"id": self.id, "status": self.status, "notebook": _text(start, "notebook"),
+                "host": self.host, "remote": self.remote, "pid": _count(start.get("pid")),
+                "kernel": _text(start, "kernel"), "folder": _text(start, "folder"),
                 "log": str(self.log), "started": self.started, "updated": self.updated,
                 "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch,
                 "epochs": self.total_epochs, "steps_per_s": _rounded(self.steps_per_s, 3),
@@ -96,7 +96,7 @@ class RunSummary:
                 "session_left_s": _rounded(self.session_left_s, 1),
                 "last_loss": self.last_loss, "best": self.best, "reason": self.reason,
                 "events": self.event_count, "checkpoints": self.checkpoint_count,
-                "device": start.get("device"), "model": start.get("model")})
+                "device": _text(start, "device"), "model": _text(start, "model")})
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(f"run {self.id}: {progress_line(self)}")
@@ -232,8 +232,7 @@ class RunState:
         """The end's best; before the end, the best epoch so far by the metric the run
         watches."""
         if self.end is not None and "best" in self.end:
-            best = self.end["best"]
-            return best if isinstance(best, dict) else None
+            return _checked_best(self.end["best"])
         watch = self.start.get("watch")
         if not isinstance(watch, dict):
             return None
@@ -293,6 +292,22 @@ _ROW_FIRST = ("t", "kind", "step", "epoch")
 
 def _count(value: Any) -> int | None:
     return value if is_count(value) else None
+
+
+def _text(record: dict[str, Any], name: str) -> str | None:
+    value = record.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _checked_best(best: Any) -> dict[str, Any] | None:
+    """An end's best as the summary gives it: a metric's name, a finite value and the
+    epoch (or None); None where the log's is not one."""
+    if not isinstance(best, dict) or not isinstance(best.get("metric"), str):
+        return None
+    value, epoch = best.get("value"), best.get("epoch")
+    if not finite_number(value):
+        return None
+    return {"metric": best["metric"], "value": value, "epoch": _count(epoch)}
 
 
 def _number(value: Any) -> float | None:
