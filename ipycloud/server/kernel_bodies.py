@@ -1,4 +1,4 @@
-"""The JSON bodies of the kernel routes and the death events (README.md gives their shapes);
+"""The JSON bodies of the kernel routes and the death events (schema/*.json gives their shapes);
 those of ``reading`` and ``history`` are the runtime's (ipycloud.runtime.monitor.route_bodies), as
 the kernel's dashboard page answers them too. Sizes are bytes, times Unix seconds,
 percentages 0-100; a figure the machine cannot give is None (null), never left out."""

@@ -1,113 +1,36 @@
 /**
  * The JSON answers of ipycloud's server extension, and the one function that asks for them.
  *
- * Sizes are bytes, times Unix seconds, percentages 0-100; a figure the machine cannot
- * give is `null`.
+ * Their types are generated from the routes' JSON Schemas (src/apitypes.ts).
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-export interface IMigInstance {
-  uuid: string;
-  memory_used: number;
-  memory_total: number;
-}
+import type { IErrorBody } from './apitypes';
 
-export interface IGpuReading {
-  index: number;
-  name: string;
-  uuid: string;
-  utilization_percent: number | null;
-  memory_used: number;
-  memory_total: number;
-  temperature_c: number | null;
-  power_w: number | null;
-  power_limit_w: number | null;
-  mig: IMigInstance[];
-}
-
-/** One file system, with `df`'s figures; folders on it share the entry, one role each. */
-export interface IDiskReading {
-  /** The roles joined: `home, scratch`. */
-  name: string;
-  roles: string[];
-  /** The folder of each role, in the same order. */
-  paths: string[];
-  used: number;
-  /** What a user can still write: df's "Avail". */
-  available: number;
-  total: number;
-}
-
-export interface IReading {
-  time: number;
-  interval_s: number;
-  platform: { name: string; session_left_s: number | null };
-  gpu_problem: string | null;
-  gpus: IGpuReading[];
-  cpu: { percent: number; cores: number; throttled_percent: number | null };
-  ram: {
-    used: number;
-    limit: number;
-    limited: boolean;
-    peak: number | null;
-    swap_used: number;
-    swap_total: number;
-    /** The Jupyter server's own resident memory; `null` on a kernel's own page. */
-    server_rss: number | null;
-    /** The resident memory of the server's kernels' process trees; `null` likewise. */
-    kernels_rss: number | null;
-  };
-  disks: IDiskReading[];
-  /** Bytes per second since the previous reading; `null` where unknown, absent from an
-   * older server. */
-  network?: { received_per_s: number | null; sent_per_s: number | null };
-  /** Bytes per second read and written by the machine's disks since the previous reading;
-   * `null` where unknown, absent from an older server. */
-  disk_io?: { read_per_s: number | null; written_per_s: number | null };
-}
-
-export interface IHistory {
-  interval_s: number;
-  samples: IReading[];
-}
-
-export interface IKernel {
-  id: string;
-  name: string | null;
-  path: string | null;
-  type: string | null;
-  execution_state: string | null;
-  pid: number | null;
-  problem: string | null;
-  /** The kernel and its children; `null` before the server saw the process. */
-  processes: number | null;
-  rss: number | null;
-  cpu_percent: number | null;
-  gpu_memory: { gpu: number; used: number }[];
-}
-
-export interface IKernels {
-  gpu_problem: string | null;
-  kernels: IKernel[];
-}
-
-export interface IEvent {
-  id: number;
-  time: number;
-  kind: string;
-  kernel_id: string;
-  path: string | null;
-  reason: string | null;
-  out_of_memory: boolean;
-  ram_limit: number | null;
-  ram_peak: number | null;
-  message: string;
-}
-
-export interface IEvents {
-  events: IEvent[];
-}
+export type {
+  ICpuReading,
+  IDiskIoReading,
+  IDiskReading,
+  IErrorBody,
+  IEvent,
+  IEvents,
+  IGpuReading,
+  IHistory,
+  IKernel,
+  IKernelGpuMemory,
+  IKernels,
+  IMigInstance,
+  INetworkReading,
+  IPlatformReading,
+  IRamReading,
+  IReading,
+  IRunAnswer,
+  IRunBest,
+  IRunRecord,
+  IRunSummary,
+  IRuns
+} from './apitypes';
 
 /**
  * The server answered with an error status. A 404 on the collection routes means that
@@ -159,7 +82,7 @@ export async function requestAPI<T>(
 
 function errorMessage(response: Response, text: string): string {
   try {
-    const body = JSON.parse(text) as { message?: unknown };
+    const body = JSON.parse(text) as Partial<IErrorBody>;
     if (typeof body.message === 'string' && body.message) {
       return body.message;
     }

@@ -2,10 +2,9 @@
  * What the chart view draws, from a run's record or the machine's readings: pure
  * functions from the server's JSON to uPlot's columns.
  */
-import type { IReading } from './api';
+import type { IReading, IRunRecord } from './api';
 import type { ChartData, IChartSpec, XAxis } from './chart';
 import { formatBytes, formatPercent } from './format';
-import type { IRunRecord } from './runapi';
 import { formatFigure } from './runformat';
 
 /** A chart's spec and the data it shows now. */
@@ -122,7 +121,7 @@ export function machineCharts(samples: readonly IReading[]): IChartContent[] {
           title: 'GPU memory',
           series: gpuSeries,
           format: formatBytes,
-          range: [0, Math.max(...gpus.map(gpu => gpu.memory_total))]
+          range: [0, Math.max(...gpus.map(gpu => gpu.memory_total ?? 0))]
         },
         data: [xs, ...perGpu(gpu => gpu.memory_used)]
       }

@@ -4,10 +4,9 @@
  */
 import { ServerConnection } from '@jupyterlab/services';
 
-import { IHistory, IReading, requestAPI } from './api';
+import { IHistory, IReading, IRunAnswer, IRunRecord, IRunSummary, requestAPI } from './api';
 import type { XAxis } from './chart';
 import { IChartContent, machineCharts, runCharts } from './chartdata';
-import type { IRunAnswer, IRunRecord, IRunSummary } from './runapi';
 import { etaVerdict, formatLoss, formatProgress, runName } from './runformat';
 
 /** Seconds of readings kept: as many as the server keeps. */

@@ -49,14 +49,22 @@ export function formatBytes(bytes: number | null): string {
   return `${Math.round(bytes / 1024 ** 2)} MiB`;
 }
 
-/** `5.2/12.7 GiB`, `256/1024 MiB`: a used size against its total, in the total's unit. */
-export function formatUsage(used: number, total: number): string {
+/** `5.2/12.7 GiB`, `256/1024 MiB`: a used size against its total, in the total's unit;
+ * `n/a of 16.0 GiB` where a figure is not known. */
+export function formatUsage(used: number | null, total: number | null): string {
+  if (used === null || total === null) {
+    return formatOf(used, total);
+  }
   const unit = unitFor(total);
   return `${amountIn(used, unit)}/${amountIn(total, unit)} ${unit.name}`;
 }
 
-/** `256 MiB of 1024 MiB`, `45.0 GiB free of 100.0 GiB`: both in the total's unit. */
-export function formatOf(part: number, total: number, relation = 'of'): string {
+/** `256 MiB of 1024 MiB`, `45.0 GiB free of 100.0 GiB`: both in the total's unit
+ * (`n/a` for a figure not known). */
+export function formatOf(part: number | null, total: number | null, relation = 'of'): string {
+  if (part === null || total === null) {
+    return `${formatBytes(part)} ${relation} ${formatBytes(total)}`;
+  }
   const unit = unitFor(total);
   return `${formatIn(part, unit)} ${relation} ${formatIn(total, unit)}`;
 }
@@ -89,9 +97,10 @@ export function formatDuration(seconds: number): string {
   return `${Math.floor(minutes / 60)} h ${String(minutes % 60).padStart(2, '0')} min`;
 }
 
-/** The share of `total` that `used` is, in percent; `null` when there is no total. */
-export function share(used: number, total: number): number | null {
-  return total > 0 ? (100 * used) / total : null;
+/** The share of `total` that `used` is, in percent; `null` when there is no total or a
+ * figure is not known. */
+export function share(used: number | null, total: number | null): number | null {
+  return used !== null && total !== null && total > 0 ? (100 * used) / total : null;
 }
 
 /** How a share stands against its warning threshold. */
@@ -111,6 +120,9 @@ export function level(percent: number | null, threshold: number): Level {
 }
 
 /** `1 core`, `2 cores`, `1.5 cores`. */
-export function formatCores(cores: number): string {
+export function formatCores(cores: number | null): string {
+  if (cores === null) {
+    return 'the CPUs';
+  }
   return `${cores} ${cores === 1 ? 'core' : 'cores'}`;
 }

@@ -3,7 +3,7 @@
  * latest loss and best metric.
  */
 import { formatDuration } from './format';
-import type { IRunSummary } from './runapi';
+import type { IRunSummary } from './api';
 
 /** `step 120/1000 · epoch 2/10`, `step 120` when the end is unknown. */
 export function formatProgress(run: IRunSummary): string {
@@ -58,7 +58,11 @@ export function formatLoss(loss: number | null): string {
 
 /** `best val_loss 0.401 (epoch 1)`; `''` when the run has no best yet. */
 export function formatBest(best: IRunSummary['best']): string {
-  return best ? `best ${best.metric} ${formatFigure(best.value)} (epoch ${best.epoch + 1})` : '';
+  if (!best) {
+    return '';
+  }
+  const epoch = best.epoch === null ? '' : ` (epoch ${best.epoch + 1})`;
+  return `best ${best.metric} ${formatFigure(best.value)}${epoch}`;
 }
 
 /** Four significant digits, and no exponent for the figures a run logs. */

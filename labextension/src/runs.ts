@@ -8,9 +8,8 @@ import { lineFormIcon } from '@jupyterlab/ui-components';
 import { IDisposable } from '@lumino/disposable';
 import { Poll } from '@lumino/polling';
 
-import { ApiError, requestAPI } from './api';
+import { ApiError, IRunSummary, IRuns, requestAPI } from './api';
 import { element, setAttribute, setChildren, setText } from './dom';
-import type { IRunSummary, IRuns } from './runapi';
 import {
   etaVerdict,
   formatBest,

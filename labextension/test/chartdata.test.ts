@@ -1,9 +1,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import type { IReading } from '../src/api';
+import type { IReading, IRunRecord } from '../src/api';
 import { formatTraffic, machineCharts, runCharts, smooth, withBreaks } from '../src/chartdata';
-import type { IRunRecord } from '../src/runapi';
 
 const step = (t: number, step: number, loss: number | null, lr = 0.1): IRunRecord => ({
   t,

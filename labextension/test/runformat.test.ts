@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import type { IRunSummary } from '../src/runapi';
+import type { IRunSummary } from '../src/api';
 import {
   etaVerdict,
   formatBest,
@@ -53,6 +53,7 @@ test('figures keep four significant digits', () => {
   const best = { metric: 'val_loss', value: 0.40012, epoch: 0 };
   assert.equal(formatBest(best), 'best val_loss 0.4001 (epoch 1)');
   assert.equal(formatBest(null), '');
+  assert.equal(formatBest({ ...best, epoch: null }), 'best val_loss 0.4001');
 });
 
 test('a run on another machine than the server says which', () => {

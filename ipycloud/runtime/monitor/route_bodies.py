@@ -1,6 +1,6 @@
 """The JSON bodies of a monitor's ``reading`` and ``history`` routes, built from the sampler's
 readings; the Jupyter server extension and the kernel's dashboard page both answer them
-(ipycloud/server/README.md gives their shapes).
+(ipycloud/server/schema/ gives their shapes).
 
 Sizes are bytes, times Unix seconds, percentages 0-100; a figure the machine cannot give is
 None (null), never left out. A plain Sample (the kernel's own sampler) has none of the

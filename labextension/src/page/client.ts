@@ -4,8 +4,7 @@
  * (`<base_url>ipycloud/page`); either way its `api/` routes, next to the page, with the
  * page's token where its address has one (the Jupyter server also takes its login cookie).
  */
-import type { IHistory, IReading } from '../api';
-import type { IRunAnswer, IRuns } from '../runapi';
+import type { IHistory, IReading, IRunAnswer, IRuns } from '../api';
 
 /** How long a request may take before the kernel counts as not answering. */
 const TIMEOUT_MS = 10_000;

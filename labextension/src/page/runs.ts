@@ -4,7 +4,7 @@
  * its step and epoch records, fetched in pieces with `since`.
  */
 import { KernelClient, RequestFailed } from './client';
-import type { IRunRecord, IRunSummary } from '../runapi';
+import type { IRunRecord, IRunSummary } from '../api';
 
 /** Statuses of a run that may still move. */
 const LIVE = new Set(['running', 'restarting', 'paused']);
