@@ -25,6 +25,7 @@ from readers_inputs import (
     LOGS,
     MANIFEST,
     PART_META,
+    RECORD,
     RECORD_LINES,
     check_failed_sync,
     check_index_entry,
@@ -33,6 +34,7 @@ from readers_inputs import (
     check_manifest,
     check_part_meta,
     check_record_line,
+    dumped,
     file_contents,
 )
 
@@ -188,6 +190,8 @@ def test_any_failed_sync_record_is_read(state_home: Path, data: bytes | None) ->
 
 @settings(EXAMPLES, max_examples=30)
 @given(LOGS, st.sampled_from(["file", "fifo", "symlink"]))
+@example([dumped({**RECORD, "kind": "start", "notebook": 5, "pid": "1", "model": [1]}),
+          dumped({**RECORD, "kind": "end", "best": {"metric": 1, "value": "low"}})], "file")
 def test_a_folder_with_any_log_is_listed(tmp_path: Path, lines: list[bytes],
                                          kind: str) -> None:
     logs = tmp_path / RECORD_FOLDER
