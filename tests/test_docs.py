@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +73,13 @@ def test_few_examples_are_kept_from_running_and_each_says_why() -> None:
     kept = [block for page in pages() for block in examples(page) if block.not_run is not None]
     assert [block for block in kept if len(block.not_run or "") < 10] == []
     assert len(kept) == NOT_RUN, [(block.page, block.line, block.not_run) for block in kept]
+
+
+def test_readme_links_to_files_of_the_repository() -> None:
+    # README is no page of the site, so the strict build does not check its links.
+    targets = re.findall(r"\]\(((?!https?://|#)[^)#]+)(?:#[^)]*)?\)", README.read_text("utf-8"))
+    assert targets
+    assert [target for target in targets if not (ROOT / target).is_file()] == []
 
 
 def test_readme_is_a_short_front_page_that_opens_with_the_notebook_path() -> None:
