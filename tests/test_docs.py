@@ -4,6 +4,7 @@ page that opens with the notebook path."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -49,6 +50,20 @@ def test_the_site_builds_offline_in_strict_mode(tmp_path: Path) -> None:
     assert "ipycloud.fit: starting on cpu" in tutorial  # the notebook's stored output
     assert not [page for page in site.rglob("*.html")
                 if "fonts.googleapis.com" in page.read_text(encoding="utf-8")]
+
+
+def test_the_reference_heads_each_name_as_users_reach_it() -> None:
+    # A name documented as ipycloud.X (or ipycloud.cluster.X) must be reachable so.
+    headings = [heading for page in sorted((ROOT / "docs" / "reference").glob("*.md"))
+                for heading in re.findall(r"^\s+heading: (\S+)$", page.read_text("utf-8"), re.M)]
+    assert "ipycloud.fit" in headings
+    unreachable = []
+    for heading in headings:
+        owner, _, name = heading.rpartition(".")
+        namespace = importlib.import_module(owner)
+        if not hasattr(namespace, name):
+            unreachable.append(heading)
+    assert unreachable == []
 
 
 def page_examples() -> list[tuple[str, list[Example]]]:
