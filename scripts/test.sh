@@ -7,7 +7,9 @@ python3 -m venv .venv
 # torch is pinned to the CPU build; a bare "torch" would pull a multi-GB CUDA build.
 # The editable install also builds the lab extension (labextension/, node 20) when its
 # sources are newer than ipycloud/labextension/; under CI=true its yarn.lock is immutable.
-.venv/bin/python -m pip install --quiet -e '.[test]' 'torch==2.13.0'
+# The docs extra: tests/test_docs.py builds the documentation site (mkdocs --strict) and runs
+# every example on it and in README.
+.venv/bin/python -m pip install --quiet -e '.[test,docs]' 'torch==2.13.0'
 # The layers (pyproject.toml [tool.importlinter]): a back-edge between them fails here.
 .venv/bin/lint-imports --no-cache
 bash scripts/test_browser.sh  # Chromium, for the test that watches the dashboard in JupyterLab

@@ -69,7 +69,10 @@ DEVELOPMENT_FOLDERS = frozenset({
     "node_modules", ".venv", "test-artifacts", "__pycache__", ".pytest_cache", ".mypy_cache",
     ".ruff_cache", ".ipynb_checkpoints", ".yarn", ".git", ".github", ".ci", "dist", "build",
 })
-DEVELOPMENT_PREFIXES = ("benchmarks/results/", "labextension/lib/")
+# The documentation site is built from the repository (tests/test_docs.py), never shipped.
+DEVELOPMENT_PREFIXES = ("benchmarks/results/", "labextension/lib/", "docs/", "mkdocs.yml",
+                        "tests/test_docs.py", "tests/markdown_examples.py",
+                        "tests/run_markdown_page.py")
 DEVELOPMENT_SUFFIXES = (".pyc", ".tsbuildinfo")
 
 
