@@ -91,9 +91,10 @@ class CheckpointManager:
 
     ``fallback`` is the local folder that holds saves while ``directory`` fails (see
     ``resilient``): "auto" for one on the machine's scratch disk, a folder, or None. Its
-    checkpoints are listed and loaded beside the folder's own: the newest wins.
+    checkpoints are listed and loaded beside the folder's own: the newest wins
+    (``fallback_folder``, a ``fallback.FallbackFolder``, reads both).
 
-    Each checkpoint belongs to a run (see ``runs``): this process continues the newest run
+    Each checkpoint belongs to a run (see ``leases``): this process continues the newest run
     in the folder whose writer is gone, or starts its own beside a run another live
     process writes. Rotation removes only checkpoints of this process's run; "latest" and
     "best" pick one of a run another live process writes only when the folder holds no
