@@ -400,6 +400,34 @@ def test_a_save_whose_manifest_just_appeared_is_listed_once(
     assert listed == [("step-000000005", "complete")]
 
 
+def test_a_copy_committed_meanwhile_leaves_a_background_save_listed_as_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy back (``copy_in``, from the saver's copying thread) commits while a save of
+    the manager's own waits for the folder in the background: that save is still being
+    written, and is listed so."""
+    state = {"model": nn.Linear(6, 3)}
+    manager = CheckpointManager(tmp_path / "folder", fallback=None, background="thread")
+    copied = CheckpointManager(tmp_path / "fallback", fallback=None).save(state, 3)
+    assert copied is not None
+    saving = threading.Thread(target=manager.save, args=(state, 4), kwargs={"blocking": False})
+    write_manifest = catalog.write_manifest
+
+    def saving_meanwhile(info: CheckpointInfo) -> None:
+        if info.step == 3:  # the copy, under the folder's lock: the save waits for it
+            saving.start()
+            saving.join(30)
+        write_manifest(info)
+
+    monkeypatch.setattr(catalog, "write_manifest", saving_meanwhile)
+    seen: list[list[tuple[int, str]]] = []
+    manager.copy_in(copied, committed=lambda _copy: seen.append(
+        [(info.step, info.status) for info in manager.list()]))
+    assert seen == [[(3, "complete"), (4, "writing")]]
+    assert manager.wait().step == 4  # type: ignore[union-attr]
+    assert [(info.step, info.status) for info in manager.list()] == [
+        (3, "complete"), (4, "complete")]
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux scheduling policies")
 def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: Path) -> None:
     folder = tmp_path / "run"
