@@ -32,11 +32,11 @@ from ipycloud.runtime.checkpoint import (
     CheckpointInfo,
     CheckpointManager,
     CheckpointWarning,
+    background_saves,
     catalog,
     manager_for,
     writer_process,
 )
-from ipycloud.runtime.checkpoint import manager as manager_module
 from ipycloud.runtime.checkpoint.background import background_pays_off, tensor_devices
 from ipycloud.runtime.durable import folder_lock
 from ipycloud.runtime.machine import platform
@@ -313,9 +313,9 @@ def background_writer(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 
 def host_copies(manager: CheckpointManager) -> dict[Any, torch.Tensor]:
     """The host copies a manager's background saves write from, by place in the state."""
-    if manager._process is not None:
-        return dict(manager._process._buffers._views)
-    return dict(manager._buffers._buffers)
+    if manager._saves._process is not None:
+        return dict(manager._saves._process._buffers._views)
+    return dict(manager._saves._buffers._buffers)
 
 
 def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path,
@@ -331,7 +331,7 @@ def test_async_save_writes_the_values_of_the_moment_of_save(tmp_path: Path,
     assert info is not None and info.step == 1 and info.data_path.is_file()
     buffers = host_copies(manager)
     assert len(buffers) >= 2
-    assert (manager._process is None) == (background_writer == "thread")
+    assert (manager._saves._process is None) == (background_writer == "thread")
     live = {parameter.data_ptr() for parameter in model.parameters()}
     assert not live & {buffer.data_ptr() for buffer in buffers.values()}
 
@@ -400,6 +400,34 @@ def test_a_save_whose_manifest_just_appeared_is_listed_once(
     assert listed == [("step-000000005", "complete")]
 
 
+def test_a_copy_committed_meanwhile_leaves_a_background_save_listed_as_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy back (``copy_in``, from the saver's copying thread) commits while a save of
+    the manager's own waits for the folder in the background: that save is still being
+    written, and is listed so."""
+    state = {"model": nn.Linear(6, 3)}
+    manager = CheckpointManager(tmp_path / "folder", fallback=None, background="thread")
+    copied = CheckpointManager(tmp_path / "fallback", fallback=None).save(state, 3)
+    assert copied is not None
+    saving = threading.Thread(target=manager.save, args=(state, 4), kwargs={"blocking": False})
+    write_manifest = catalog.write_manifest
+
+    def saving_meanwhile(info: CheckpointInfo) -> None:
+        if info.step == 3:  # the copy, under the folder's lock: the save waits for it
+            saving.start()
+            saving.join(30)
+        write_manifest(info)
+
+    monkeypatch.setattr(catalog, "write_manifest", saving_meanwhile)
+    seen: list[list[tuple[int, str]]] = []
+    manager.copy_in(copied, committed=lambda _copy: seen.append(
+        [(info.step, info.status) for info in manager.list()]))
+    assert seen == [[(3, "complete"), (4, "writing")]]
+    assert manager.wait().step == 4  # type: ignore[union-attr]
+    assert [(info.step, info.status) for info in manager.list()] == [
+        (3, "complete"), (4, "complete")]
+
+
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="needs Linux scheduling policies")
 def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: Path) -> None:
     folder = tmp_path / "run"
@@ -407,7 +435,7 @@ def test_the_writer_runs_at_idle_priority_until_someone_waits_for_it(tmp_path: P
     manager.save({"weights": torch.zeros(8)}, step=0)
     with folder_lock(folder):  # the writer waits for the folder
         manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
-        writer = manager._writer._thread
+        writer = manager._saves._writer._thread
         assert writer is not None and writer.name == "ipycloud-checkpoint-writer"
         wait_for(lambda: os.sched_getscheduler(writer.native_id) == os.SCHED_IDLE,
                  what="the writer at idle priority")
@@ -425,11 +453,11 @@ def test_a_background_save_that_ended_leaves_no_priority_timer_running(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The timer that would end a save's idle priority ends with the save (a cell rerun
     over and over would otherwise pile up threads)."""
-    monkeypatch.setattr(manager_module, "IDLE_PRIORITY_S", 600.0)
+    monkeypatch.setattr(background_saves, "IDLE_PRIORITY_S", 600.0)
     manager = CheckpointManager(tmp_path / "run")
     manager.save({"weights": torch.ones(8)}, step=1, blocking=False)
     assert manager.wait().step == 1  # type: ignore[union-attr]
-    wait_for(lambda: not any(thread.name == manager_module.PRIORITY_TIMER_NAME
+    wait_for(lambda: not any(thread.name == background_saves.PRIORITY_TIMER_NAME
                              for thread in threading.enumerate()),
              what="the priority timer's end")
 

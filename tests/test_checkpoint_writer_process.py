@@ -50,8 +50,8 @@ def alive(pid: int) -> bool:
 
 
 def writer_pid(manager: CheckpointManager) -> int:
-    assert manager._process is not None and manager._process.pid is not None
-    return manager._process.pid
+    assert manager._saves._process is not None and manager._saves._process.pid is not None
+    return manager._saves._process.pid
 
 
 def started_writer(manager: CheckpointManager) -> int:
@@ -82,7 +82,7 @@ def test_one_child_writes_every_background_save_and_ends_on_close(tmp_path: Path
     manager.load({"model": restored}, which=2)
     assert differences(restored.state_dict(), expected) == []
     manager.close()
-    assert manager._process is None and not alive(pid)
+    assert manager._saves._process is None and not alive(pid)
     assert manager.save({"model": model}, step=3, blocking=False) is None  # a new writer
     assert manager.wait().step == 3  # type: ignore[union-attr]
     assert writer_pid(manager) != pid
@@ -245,15 +245,15 @@ def test_a_state_that_changes_shape_gets_a_new_region_and_loads_exactly(
                       **{name: tensor.clone() for name, tensor in odd.items()}}
     manager.save(first, step=1, blocking=False)
     manager.wait()
-    assert manager._process is not None
-    regions = manager._process._buffers.generation
+    assert manager._saves._process is not None
+    regions = manager._saves._process._buffers.generation
     manager.save(first, step=2, blocking=False)
     manager.wait()
-    assert manager._process._buffers.generation == regions  # same layout, same region
+    assert manager._saves._process._buffers.generation == regions  # same layout, same region
     grown = nn.Linear(8, 3)
     manager.save({"model": grown}, step=3, blocking=False)
     manager.wait()
-    assert manager._process._buffers.generation == regions + 1
+    assert manager._saves._process._buffers.generation == regions + 1
 
     restored = {"model": nn.Linear(4, 4), **{name: torch.zeros_like(tensor)
                                              for name, tensor in odd.items()}}
@@ -288,8 +288,9 @@ def test_a_forked_process_starts_a_writer_of_its_own(tmp_path: Path) -> None:
     outcome = in_child(_save_in_a_fork, str(tmp_path / "run"))
     assert outcome["step"] == 5 and outcome["writer"] != ours
     assert alive(ours)  # the fork's exit left our writer alone
-    assert manager._process is not None  # the fork staged in memory of its own, not ours:
-    assert [view.tolist() for view in manager._process._buffers._views.values()] == [[1.0] * 8]
+    process = manager._saves._process
+    assert process is not None  # the fork staged in memory of its own, not ours:
+    assert [view.tolist() for view in process._buffers._views.values()] == [[1.0] * 8]
     manager.save({"weights": torch.ones(8)}, step=6, blocking=False)
     assert manager.wait().step == 6  # type: ignore[union-attr]
     assert writer_pid(manager) == ours
@@ -304,7 +305,7 @@ def test_without_an_interpreter_to_start_the_thread_writes(
     weights = torch.arange(8.0)
     assert manager.save({"weights": weights}, step=1, blocking=False) is None
     assert manager.wait().step == 1  # type: ignore[union-attr]
-    assert manager._process is not None and manager._process.pid is None
+    assert manager._saves._process is not None and manager._saves._process.pid is None
     restored = torch.zeros(8)
     manager.load({"weights": restored})
     assert restored.tolist() == weights.tolist()
@@ -315,14 +316,14 @@ def test_forgetting_the_process_state_ends_the_folders_writers(tmp_path: Path) -
     manager = manager_for(tmp_path / "run")
     pid = started_writer(manager)
     reset_process_state()
-    assert manager._process is None and not alive(pid)
+    assert manager._saves._process is None and not alive(pid)
 
 
 def test_close_ends_the_writer_while_a_fork_holds_a_copy_of_its_socket(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "run")
     started_writer(manager)
-    assert manager._process is not None and manager._process._child is not None
-    child = manager._process._child
+    assert manager._saves._process is not None and manager._saves._process._child is not None
+    child = manager._saves._process._child
     reader, writer = os.pipe()
     fork = os.fork()
     if fork == 0:  # holds a copy of every descriptor until the pipe closes
@@ -352,7 +353,7 @@ def announced(*args):
 manager = CheckpointManager(sys.argv[1])
 manager.save({"weights": torch.ones(1 << 16)}, step=1, blocking=False)
 manager.wait()
-print(manager._process.pid, flush=True)
+print(manager._saves._process.pid, flush=True)
 sys.stdin.readline()  # the test stops the writer meanwhile
 writer_process.send_message = announced
 manager.save({"weights": torch.full((1 << 16,), 2.0)}, step=2, blocking=False)

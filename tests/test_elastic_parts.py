@@ -15,8 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from ipycloud.runtime.checkpoint import CheckpointManager
-from ipycloud.runtime.checkpoint import manager as manager_module
+from ipycloud.runtime.checkpoint import CheckpointManager, background_saves
 from ipycloud.runtime.checkpoint.background import BackgroundWriter
 from ipycloud.runtime.durable import folder_lock
 from ipycloud.runtime.train import elastic
@@ -97,7 +96,7 @@ def test_a_background_save_gets_normal_priority_without_anyone_waiting(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Idle priority lasts a while only: where training keeps every core busy, an idle
     writer would never run."""
-    monkeypatch.setattr(manager_module, "IDLE_PRIORITY_S", 0.5)
+    monkeypatch.setattr(background_saves, "IDLE_PRIORITY_S", 0.5)
     hurried = threading.Event()
     hurry = BackgroundWriter.hurry
 

@@ -23,9 +23,8 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from ipycloud.runtime.checkpoint import leases
 from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
 from ipycloud.runtime.checkpoint.errors import (
     CheckpointError,
@@ -33,7 +32,11 @@ from ipycloud.runtime.checkpoint.errors import (
     CheckpointWarning,
 )
 from ipycloud.runtime.checkpoint.manager import Blocking, CheckpointManager
+from ipycloud.runtime.checkpoint.save_details import SaveDetails
 from ipycloud.runtime.per_process import per_process
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 SWITCH_AFTER = 2  # failed saves in a row after which saves go to the fallback folder
 FINAL_COPY_WAIT_S = 30.0  # how long the end of a run waits for the last copy back
@@ -47,7 +50,6 @@ class ResilientSaver:
         self.manager = manager
         self.newest: CheckpointInfo | None = None  # the newest this saver wrote, anywhere
         self.lost: int | None = None  # the step of the newest save that went nowhere
-        self._fallback_manager: CheckpointManager | None = None
         self._failures = 0  # failed saves into the folder in a row
         self._warned: set[str] = set()  # the kinds of failure already told
         self._on_fallback = False
@@ -62,10 +64,11 @@ class ResilientSaver:
         return self._on_fallback
 
     def save(self, state: Mapping[str, Any], step: int, *, blocking: Blocking = True,
-             **details: Any) -> CheckpointInfo | None:
-        """``CheckpointManager.save``, except that a failing folder raises nothing: the
-        state goes to the fallback folder instead. Returns the checkpoint written (None
-        for one still written in the background, or for one that went nowhere: ``lost``)."""
+             **details: Unpack[SaveDetails]) -> CheckpointInfo | None:
+        """``CheckpointManager.save`` (``details``: its other keyword arguments), except
+        that a failing folder raises nothing: the state goes to the fallback folder
+        instead. Returns the checkpoint written (None for one still written in the
+        background, or for one that went nowhere: ``lost``)."""
         self._tell_notices()
         if not self._on_fallback:
             self.wait()
@@ -106,8 +109,9 @@ class ResilientSaver:
             return self.manager.next_step()
         except CheckpointStorageError:
             saved = [info.step for info in (self.newest,) if info is not None]
-            if self._fallback_manager is not None:
-                saved.append(self._fallback_manager.next_step() - 1)
+            scratch = self.manager.fallback_folder.manager
+            if scratch is not None:
+                saved.append(scratch.next_step() - 1)
             return max(saved, default=-1) + 1
 
     def finish(self, copy_wait_s: float = FINAL_COPY_WAIT_S) -> str | None:
@@ -158,7 +162,7 @@ class ResilientSaver:
             told.append(f"{self.manager.directory} failed {self._failures} saves in a row")
         return "; ".join(told) or None
 
-    def _save_to_fallback(self, state: Mapping[str, Any], step: int, details: dict[str, Any],
+    def _save_to_fallback(self, state: Mapping[str, Any], step: int, details: SaveDetails,
                           problem: str | None) -> CheckpointInfo | None:
         scratch = self._fallback()
         if scratch is None:
@@ -192,16 +196,11 @@ class ResilientSaver:
         return info
 
     def _fallback(self) -> CheckpointManager | None:
-        """The manager of the fallback folder, continuing the folder's run."""
-        folder = self.manager.fallback
-        if folder is None:
-            return None
-        if self._fallback_manager is None:
-            leases.adopt(folder, leases.claimed(self.manager.directory))
-            self._fallback_manager = CheckpointManager(
-                folder, keep_last=self.manager.keep_last, keep_best=self.manager.keep_best,
-                fallback=None)
-        return self._fallback_manager
+        """The manager of the fallback folder (``fallback.FallbackFolder``), keeping as
+        many checkpoints as the folder's."""
+        return self.manager.fallback_folder.saving_manager(
+            lambda folder: CheckpointManager(folder, keep_last=self.manager.keep_last,
+                                             keep_best=self.manager.keep_best, fallback=None))
 
     # -- copying back -----------------------------------------------------------------
 
