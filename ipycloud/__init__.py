@@ -32,7 +32,7 @@ _LAZY_ATTRIBUTES = {
     "follow": "ipycloud.notebook.follow_in_cell",
     "launch": "ipycloud.runtime.train.distributed",
     "run_under_torchrun": "ipycloud.runtime.train.distributed",
-    "LaunchError": "ipycloud.runtime.train.distributed",
+    "LaunchError": "ipycloud.runtime.train.launch_errors",
     "mount": "ipycloud.runtime.storage.mount",
     "download": "ipycloud.runtime.storage.download",
     "extract": "ipycloud.runtime.storage.extract",
