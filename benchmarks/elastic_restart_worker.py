@@ -29,6 +29,8 @@ from typing import Any
 
 import psutil
 
+from ipycloud.runtime.train.callback import Callback
+
 _timeline: Path | None = None
 
 
@@ -42,10 +44,10 @@ def mark(what: str, at: float | None = None, **fields: Any) -> None:
         file.write(json.dumps(line) + "\n")
 
 
-class StepMarks:
+class StepMarks(Callback):
     """fit's callback: a ``step`` mark after each optimizer step."""
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         mark("step", step=step)
 
 

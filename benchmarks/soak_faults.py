@@ -100,6 +100,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from ipycloud.runtime.train.callback import Callback
+
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
@@ -318,7 +320,7 @@ def manifests(folder: Path) -> list[dict[str, Any]]:
     return found
 
 
-class Watcher:
+class Watcher(Callback):
     """Every checkpoint the run commits, where it lies, and how far the folder is behind;
     a callback of ``fit`` that scans after every optimizer step."""
 
@@ -365,7 +367,7 @@ class Watcher:
         elif self.saved_after_heal():
             self.catching_up.append(self.behind())
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         self.steps += 1
         self.sample()
 

@@ -49,8 +49,9 @@ _LAZY_ATTRIBUTES = {
 # Public namespaces, modules of this package imported on first access.
 _LAZY_SUBMODULES = {"cluster"}
 
-# Names that show more in a notebook: the first access loads the notebook front as well.
-_DRAWN_IN_NOTEBOOKS = {"fit"}
+# fit draws its live curves in a notebook however it is imported: the notebook front
+# registers itself with the runtime as the package loads (the runtime never imports it).
+importlib.import_module("ipycloud.notebook").follow_runs()
 
 __all__ = ["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES, *_LAZY_SUBMODULES]
 
@@ -61,8 +62,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY_ATTRIBUTES.get(name)
     if module is None:
         raise AttributeError(f"module 'ipycloud' has no attribute {name!r}")
-    if name in _DRAWN_IN_NOTEBOOKS:
-        importlib.import_module("ipycloud.notebook").follow_runs()
     return getattr(importlib.import_module(module), name)
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.distributed import run_under_torchrun
 from ipycloud.runtime.train.loop import fit
 
@@ -37,11 +38,11 @@ def wait_for_file(path: Path) -> None:
         time.sleep(0.05)
 
 
-class KillRankOne:
+class KillRankOne(Callback):
     def __init__(self, signals: Path) -> None:
         self.signals = signals
 
-    def on_step_end(self, step: int, logs: dict[str, object]) -> None:
+    def on_step(self, step: int, logs: dict[str, object]) -> None:
         if step == KILLED_AT and os.environ["RANK"] == "1":
             wait_for_file(self.signals / "kill")
             os.kill(os.getpid(), signal.SIGKILL)

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.distributed import launch
 from ipycloud.runtime.train.loop import fit
 
@@ -89,14 +90,14 @@ def weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-class Reporter:
+class Reporter(Callback):
     """Reports every step (with a digest of the weights where asked) and every checkpoint
     that ``fit`` tells its callbacks about: written, complete, the last one in order."""
 
     def __init__(self, channel: Channel, model: nn.Module | None) -> None:
         self.channel, self.model = channel, model
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         digest = None if self.model is None else weights_digest(self.model)
         self.channel.report("step", step=step, digest=digest)
 

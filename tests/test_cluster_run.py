@@ -26,17 +26,18 @@ from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.cluster import checkpoint_dir, export
+from ipycloud.runtime.train.callback import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY, PER_RANK_BATCH = 30, 5, 4
 RUN_TIMEOUT_S = 200.0  # one run; a test runs two
 
 
-class Slowly:
+class Slowly(Callback):
     """Sleeps after each step, so a worker can be killed mid-run (the results do not
     depend on it)."""
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         time.sleep(0.1)
 
 

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager, auto
 from ipycloud.runtime.train.batches import to_device
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.data import loader
 from ipycloud.runtime.train.loop import NonFiniteLossError, fit
 
@@ -319,16 +320,16 @@ def test_a_killed_run_resumes_bit_for_bit_in_a_fresh_process(tmp_path: Path) -> 
 
 
 def test_callbacks_see_steps_epochs_and_checkpoints(tmp_path: Path) -> None:
-    class Recorder:
+    class Recorder(Callback):
         def __init__(self) -> None:
             self.calls: list[tuple[str, Any]] = []
 
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
             self.calls.append(("step", step))
             if logs["loss"] is not None:
                 self.calls.append(("loss", step))
 
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             self.calls.append(("epoch", epoch))
 
         def on_checkpoint(self, info: Any) -> None:

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.runs import runs
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.loop import fit
 
 SAVED_STEP = 3  # checkpoint_every=3: the background save begins after step 3
@@ -37,10 +38,10 @@ class FailsOnCall(nn.Linear):
         raise RuntimeError("the model failed")
 
 
-class ExitsAfterStep:
+class ExitsAfterStep(Callback):
     """A callback that ends the program in ``on_step_end``."""
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step == FAILING_CALL:
             sys.exit(3)
 

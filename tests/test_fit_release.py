@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 from kernels import kernel
-from test_fit_followers import problem
+from test_fit_callbacks import problem
 
 import ipycloud
 from ipycloud.runtime.checkpoint import CheckpointWarning
 from ipycloud.runtime.storage import filesystem
 from ipycloud.runtime.storage.periodic_sync import BackgroundSync
+from ipycloud.runtime.train.callback import Callback
 
 RELEASED_ON_COLAB = "ipycloud.fit: the run is saved and verified: releasing this Colab machine"
 KEEPING = "ipycloud.fit: release=True: keeping the machine: "
@@ -156,8 +157,8 @@ def test_a_final_save_that_fails_keeps_the_machine(
     folder = small_tmpfs("1m") / "run"
     manager = ipycloud.CheckpointManager(folder, fallback=None)
 
-    class FillTheDiskInTheLastEpoch:
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+    class FillTheDiskInTheLastEpoch(Callback):
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             if epoch == 2:
                 fill(folder)
 
@@ -191,8 +192,8 @@ def test_on_colab_a_run_that_fails_or_pauses_keeps_the_machine(
         train(tmp_path / "failing", loss_fn=broken)
     assert capsys.readouterr().out.splitlines()[-1] == KEEPING + "the run failed"
 
-    class InterruptAt2:
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    class InterruptAt2(Callback):
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
             if step == 2:
                 os.kill(os.getpid(), signal.SIGINT)
 
@@ -204,7 +205,7 @@ def test_on_colab_a_run_that_fails_or_pauses_keeps_the_machine(
 
 def test_a_final_checkpoint_damaged_when_read_back_keeps_the_machine(
         colab: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    class Damage:
+    class Damage(Callback):
         """Flips a byte of each checkpoint once written (its size stays)."""
 
         def on_checkpoint(self, info: Any) -> None:
@@ -227,8 +228,8 @@ def test_a_final_sync_that_fails_keeps_the_machine(
     folder.mkdir()
     BackgroundSync(folder, drive, every_s=3600).start()
 
-    class UnmountDrive:
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+    class UnmountDrive(Callback):
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             shutil.rmtree(drive, ignore_errors=True)  # as a lost mount leaves it
 
     train(folder, callbacks=[UnmountDrive()])

@@ -28,6 +28,8 @@ from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.runs import RunRecordWarning, RunSummary, appender, read_run, records
 from ipycloud.runtime.runs.appender import Appender
 from ipycloud.runtime.runs.records import RECORD_FOLDER, read_records
+from ipycloud.runtime.train.callback import Callback
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.loop import fit
 
 STEPS_PER_EPOCH = 8
@@ -115,7 +117,8 @@ def failing_loss(outputs: Any, targets: Any) -> Any:
 
 
 @pytest.mark.parametrize(("options", "error", "status", "events", "reason"), [
-    ({"lr": 0.0, "val_data": data(), "early_stop": ("val_loss", 1)}, None, "stopped early",
+    ({"lr": 0.0, "val_data": data(), "callbacks": [EarlyStopping("val_loss", patience=1)]},
+     None, "stopped early",
      ["early_stop"], "early stop: val_loss has not improved for 1 epoch since epoch 0"),
     ({"loss_fn": failing_loss}, RuntimeError, "failed", ["out_of_memory"],
      "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"),
@@ -145,8 +148,8 @@ def test_a_run_reads_as_running_while_its_process_trains(
     monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")  # 12 h sessions
     seen: list[RunSummary] = []
 
-    class Look:
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+    class Look(Callback):
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             log = wait_for(lambda: next((tmp_path / RECORD_FOLDER).glob("*.jsonl"), None),
                            what="the run's log")
             wait_for(lambda: read_records(log)[-1]["kind"] == "epoch", what="the epoch")

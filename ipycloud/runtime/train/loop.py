@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -35,7 +34,7 @@ from ipycloud.runtime.runs.best import best_epoch
 from ipycloud.runtime.runs.recorder import record_run
 from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
-from ipycloud.runtime.train.alerts import alert_follower
+from ipycloud.runtime.train.alerts import run_alerts
 from ipycloud.runtime.train.arguments import (
     check_arguments,
     check_epoch_metric,
@@ -46,19 +45,21 @@ from ipycloud.runtime.train.arguments import (
     unreadable_at_start,
 )
 from ipycloud.runtime.train.buckets import rebuilds_buckets, settle_buckets
-from ipycloud.runtime.train.callbacks import Callbacks, EarlyStopping, early_stopping
-from ipycloud.runtime.train.data import EpochData
-from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
-from ipycloud.runtime.train.followers import (
+from ipycloud.runtime.train.callback import (
     FAILED,
     FINISHED,
     PAUSED,
     STOPPED_EARLY,
-    Followers,
+    Callback,
+    RunCallbacks,
     RunEnd,
     RunStart,
-    start_following,
+    check_callbacks,
+    own_callbacks,
 )
+from ipycloud.runtime.train.data import EpochData
+from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.history import History
 from ipycloud.runtime.train.interrupt import (
     DeferredInterrupt,
@@ -111,8 +112,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         metrics: Mapping[str, Any] | None = None, scheduler: Any = None,
         precision: str = "auto", grad_accum: int = 1, clip_grad_norm: float | None = None,
         device: Any = "auto", checkpoint: Any = None, checkpoint_every: str | int = "10m",
-        resume: bool | str | int = "auto", callbacks: Sequence[Any] = (),
-        early_stop: Sequence[Any] | None = None, log_every: int = LOG_EVERY,
+        resume: bool | str | int = "auto", callbacks: Sequence[Callback] = (),
+        log_every: int = LOG_EVERY,
         progress: bool | Literal["bar"] = True, seed: int | None = None,
         release: bool = False) -> History:
     """Train ``model`` with ``optimizer`` on ``train_data``; returns the History.
@@ -139,10 +140,10 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       written in the background. ``resume="auto"`` continues from its latest checkpoint,
       mid-epoch included; ``resume=False`` starts afresh; True, a step or a tag resumes
       from that checkpoint.
-    - ``callbacks`` may define ``on_step_end(step, logs)`` (every optimizer step; the loss
-      is read every ``log_every`` steps and None in between), ``on_epoch_end(epoch, logs)``
-      and ``on_checkpoint(info)``; a hook returning True stops the run.
-      ``early_stop=("val_loss", 3)`` stops after 3 epochs without improvement.
+    - ``callbacks``: ``ipycloud.Callback`` instances, told of the start, each step (the loss
+      read every ``log_every`` steps, None in between), epoch, checkpoint, event and the
+      end; a hook that raises StopTraining ends the run. ``EarlyStopping("val_loss",
+      patience=3)`` stops after 3 epochs without improvement.
     - Interrupting (the Stop button, Ctrl-C) finishes the current step, saves a checkpoint
       and raises FitInterrupted, a KeyboardInterrupt that notebooks show as the one line it
       printed: rerunning the cell continues. A second interrupt
@@ -178,15 +179,14 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         checkpoint_every_s=checkpoint_seconds(checkpoint_every), log_every=log_every,
         checkpoint_every_steps=checkpoint_every if isinstance(checkpoint_every, int) else None,
         metrics=check_metrics(metrics))
-    stopping = early_stopping(early_stop)
-    watched = {"early_stop": stopping.metric if stopping else None,
-               "the checkpoint's keep_best": manager.keep_best[0]
-               if manager is not None and manager.keep_best else None}
-    for what, metric in watched.items():
-        if metric is not None:
-            check_epoch_metric(metric, what, val_data is not None, plan.metrics)
-    trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan,
-                       Callbacks([*callbacks, *([stopping] if stopping else [])]),
+    user_callbacks = check_callbacks(callbacks)
+    watched = [("EarlyStopping", callback.metric) for callback in user_callbacks
+               if isinstance(callback, EarlyStopping)]
+    if manager is not None and manager.keep_best:
+        watched.append(("the checkpoint's keep_best", manager.keep_best[0]))
+    for what, metric in watched:
+        check_epoch_metric(metric, what, val_data is not None, plan.metrics)
+    trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan, RunCallbacks(user_callbacks),
                        seed if seed is not None else torch.initial_seed() % 2**31)
     try:
         history = trainer.run(train_data, val_data, manager, resume, progress)
@@ -207,7 +207,7 @@ class _Trainer:
     """One run of ``fit``: the live objects, the plan, and the loop over steps."""
 
     def __init__(self, model: Any, optimizer: Any, scheduler: Any, loss_fn: Any, plan: _Plan,
-                 callbacks: Callbacks, seed: int) -> None:
+                 callbacks: RunCallbacks, seed: int) -> None:
         from ipycloud.runtime.train import distributed
 
         self.plan, self.callbacks, self.seed = plan, callbacks, seed
@@ -247,8 +247,7 @@ class _Trainer:
         self._bar = Progress(False)  # the run's, once it starts
         self._phase = STARTING
         self._rng_states: dict[str, Any] = {}  # as they were when the phase began
-        self.followers = Followers()  # told what happens, once the steps begin
-        self._ended = False  # whether the followers were told how the run ended
+        self._ended = False  # whether the callbacks were told how the run ended
         self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
         self._vote: StopVote | None = None  # the ranks' agreement on when to stop
         self._settling = False  # whether DDP's buckets are settled before the first step
@@ -299,16 +298,17 @@ class _Trainer:
 
     def _start(self, manager: Any, resumed: Any, val_data: Iterable[Any] | None,
                progress: bool | Literal["bar"], bar: Progress) -> None:
-        """Say how the run starts, and start its record and followers."""
+        """Say how the run starts, and start its record and callbacks."""
         for line in self._first_lines(resumed, val_data):
             bar.say(line)
         bar.start(self._total_steps(), self.step)
         self.manager, self._bar = manager, bar
         self._enter(STARTING)
-        self.followers = start_following(self._run_start(manager, curves=progress is True),
-                                         built_in=[record_run, alert_follower])
+        start = self._run_start(manager, curves=progress is True)
+        self.callbacks.join(own_callbacks(start, built_in=[record_run, run_alerts]))
+        self.callbacks.tell("on_start", start)
         if resumed is not None:
-            self.followers.tell("happened", "resume", f"resuming from {resumed.name} (step "
+            self.callbacks.tell("on_event", "resume", f"resuming from {resumed.name} (step "
                                 f"{resumed.step}, epoch {self.data.epoch})")
         if self.saver is not None:
             self.saver.listener = self._storage_event
@@ -339,7 +339,7 @@ class _Trainer:
             return
         self._phase = ENDING
         if _out_of_memory(error):
-            self.followers.tell("happened", "out_of_memory", _first_line(error))
+            self.callbacks.tell("on_event", "out_of_memory", _first_line(error))
         self._record_last_save()
         if isinstance(error, KeyboardInterrupt):
             self._tell_end(*self._interrupted(error))
@@ -500,10 +500,10 @@ class _Trainer:
         self._optimizer_step()
         self.step += 1
         row = self._log(bar) if self.step % self.plan.log_every == 0 else None
-        if self.callbacks.callbacks:
-            logs = row or {"step": self.step, "epoch": self.data.epoch, "loss": None,
-                           "lr": self._lr()}
-            self.callbacks.call("on_step_end", self.step, dict(logs))
+        if self.callbacks.per_step:
+            self.callbacks.step(self.step, row or {
+                "step": self.step, "epoch": self.data.epoch, "loss": None, "lr": self._lr(),
+                "steps_per_s": None, "samples_per_s": None})
 
     def _on_device(self, batches: Iterable[Any]) -> Iterable[Any]:
         """The batches on the training device: through torch_xla's loader on XLA."""
@@ -595,9 +595,10 @@ class _Trainer:
         row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self._lr()}
         self.history.steps.append(row)
         bar.advance(len(window), loss=mean, lr=row["lr"])
-        self.followers.tell("stepped", {**row, **self._pace()})
+        told = {**row, **self._pace()}
+        self.callbacks.row(self.step, told)
         self._report_written_save()
-        return row
+        return told
 
     def _pace(self) -> dict[str, float | None]:
         """Optimizer steps and samples a second since the previous logged row."""
@@ -632,16 +633,15 @@ class _Trainer:
             self.scheduler.step(logs["val_loss" if val_data is not None else "train_loss"])
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
-        self.followers.tell("epoch_ended", dict(logs))
-        self._tell_unranked(logs)
         bar.say(f"epoch {epoch}: " + ", ".join(
             f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
             for key, value in logs.items() if key != "epoch"))
-        self.callbacks.call("on_epoch_end", epoch, dict(logs))
+        self.callbacks.tell("on_epoch", epoch, dict(logs))
+        self._tell_unranked(logs)
         self.data.next_epoch()
 
     def _tell_unranked(self, logs: dict[str, Any]) -> None:
-        """Warn, once a run for each, of a metric that keep_best or early_stop watches
+        """Warn, once a run for each, of a metric that keep_best or EarlyStopping watches
         being NaN or infinite: it counts neither as the best nor as an improvement."""
         for metric in self._ranking_metrics() - self._told_unranked:
             value = logs.get(metric)
@@ -649,13 +649,13 @@ class _Trainer:
                 self._told_unranked.add(metric)
                 line = (f"ipycloud.fit: {metric} is {'NaN' if value != value else value} at "
                         f"epoch {logs['epoch']}: a value that is not a finite number counts "
-                        "neither as the best (keep_best) nor as an improvement (early_stop)")
+                        "neither as the best (keep_best) nor as an improvement (EarlyStopping)")
                 warnings.warn(line, RuntimeWarning, stacklevel=2)
-                self.followers.tell("happened", "metric_not_finite", line)
+                self.callbacks.tell("on_event", "metric_not_finite", line)
 
     def _ranking_metrics(self) -> set[str]:
-        """The metrics that keep_best and early_stop rank epochs by."""
-        metrics = {callback.metric for callback in self.callbacks.callbacks
+        """The metrics that keep_best and EarlyStopping rank epochs by."""
+        metrics = {callback.metric for callback in self.callbacks.user
                    if isinstance(callback, EarlyStopping)}
         if self.manager is not None and self.manager.keep_best is not None:
             metrics.add(self.manager.keep_best[0])
@@ -675,7 +675,7 @@ class _Trainer:
         if reason and not self.history.stopped:
             self.history.stopped = f"{reason} (step {self.step})"
             bar.say(f"ipycloud.fit: {self.history.stopped}")
-            self.followers.tell("happened", "early_stop", self.history.stopped)
+            self.callbacks.tell("on_event", "early_stop", self.history.stopped)
 
     def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
         """After an interrupt: save where the run stands, say so, and stop the cell; after
@@ -705,7 +705,7 @@ class _Trainer:
         else:
             self._save_last(manager, bar)
             line = f"ipycloud.fit: interrupted at step {self.step}; rerun this cell to continue"
-        self.followers.tell("happened", "pause", line)
+        self.callbacks.tell("on_event", "pause", line)
         bar.close()
         print(line, flush=True)
         raise FitInterrupted(line)
@@ -748,7 +748,7 @@ class _Trainer:
         who = "" if asker is None else f" to rank {asker}"
         news = f"SIGTERM{who} at step {self.step}: the machine is going away"
         bar.say(f"ipycloud.fit: {news}")
-        self.followers.tell("happened", "sigterm", news)
+        self.callbacks.tell("on_event", "sigterm", news)
         if self.manager is None:
             line = (f"ipycloud.fit: stopped at step {self.step}; no checkpoint= was given, so "
                     "the run is lost with the process")
@@ -869,12 +869,8 @@ class _Trainer:
         if info is None or info.name == self._reported_checkpoint:
             return
         self._reported_checkpoint = info.name
-        self.callbacks.call("on_checkpoint", info)
-        if self._resumed_from == (info.name, info.directory):
-            return  # not one this call wrote
-        self.followers.tell("checkpointed", {"name": info.name, "step": info.step,
-                                             "epoch": info.epoch,
-                                             "folder": os.path.abspath(info.directory)})
+        if self._resumed_from != (info.name, info.directory):  # one this call wrote
+            self.callbacks.tell("on_checkpoint", info)
 
     def _run_start(self, manager: Any, curves: bool) -> RunStart:
         plan = self.plan
@@ -908,13 +904,13 @@ class _Trainer:
         checkpoint's keep_best, else early stopping's."""
         if manager is not None and manager.keep_best is not None:
             return manager.keep_best[0], manager.keep_best[1]
-        stopping = next((callback for callback in self.callbacks.callbacks
+        stopping = next((callback for callback in self.callbacks.user
                          if isinstance(callback, EarlyStopping)), None)
         return None if stopping is None else (stopping.metric, stopping.mode)
 
     def _storage_event(self, event: str, message: str) -> None:
-        """What the checkpoint saver tells of a failing folder, for the followers."""
-        self.followers.tell("happened", event, message)
+        """What the checkpoint saver tells of a failing folder, for the callbacks."""
+        self.callbacks.tell("on_event", event, message)
 
     def _tell_end(self, status: str, reason: str | None) -> None:
         if self._ended:  # a SIGTERM's end was told before its signal was delivered
@@ -922,8 +918,8 @@ class _Trainer:
         self._ended = True
         watched = self._watched(self.manager)
         best = None if watched is None else best_epoch(self.history.epochs, *watched)
-        self.followers.tell("ended", RunEnd(status=status, reason=reason, step=self.step,
-                                            epoch=self.data.epoch, best=best))
+        self.callbacks.tell("on_end", RunEnd(status=status, reason=reason, step=self.step,
+                                             epoch=self.data.epoch, best=best))
 
     def _resume(self, manager: Any, resume: bool | str | int) -> Any:
         """The checkpoint the run continues from, loaded; None to start afresh. In a
@@ -996,9 +992,6 @@ class _Trainer:
             before, resuming.hyper_parameters(self.optimizer, scheduled))
         self.step = info.step
         self.seed = (info.data_position or {}).get("seed", self.seed)
-        for callback in self.callbacks.callbacks:
-            if hasattr(callback, "replay"):
-                callback.replay(self.history.epochs)
         return info
 
     def _rank_and_world(self) -> tuple[int, int]:
