@@ -74,7 +74,7 @@ def train(folder: str, every: int, case_name: str) -> None:
     loop.settle_buckets = settle_and_mark  # type: ignore[assignment]
     mark("fit")
     ipycloud.fit(model, optimizer, data, epochs=10_000, device="cpu", precision="fp32",
-                 progress=False, seed=11, checkpoint=folder, checkpoint_every=every,
+                 progress=False, seed=11, checkpoint=folder, checkpoint_every_steps=every,
                  callbacks=[StepMarks()])
 
 

@@ -187,7 +187,7 @@ def train(folder: Path | None, callbacks: list[Any]) -> dict[str, Any]:
     model, optimizer = build()
     train_data, val_data = loaders()
     fit(model, optimizer, train_data, epochs=EPOCHS, val_data=val_data, device="cpu",
-        checkpoint=folder, checkpoint_every=EVERY, seed=7, callbacks=callbacks)
+        checkpoint=folder, checkpoint_every_steps=EVERY, seed=7, callbacks=callbacks)
     return copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
 
 
@@ -816,7 +816,7 @@ def main() -> None:
     results: dict[str, Any] = {"settings": {
         "runs_per_kind": args.runs, "seed": args.seed, "never_healed": NEVER_HEALED,
         "baseline_every": BASELINE_EVERY, "hang_s": HANG_S, "full_disk": FULL_DISK,
-        "steps_per_epoch": STEPS_PER_EPOCH, "epochs": EPOCHS, "checkpoint_every": EVERY,
+        "steps_per_epoch": STEPS_PER_EPOCH, "epochs": EPOCHS, "checkpoint_every_steps": EVERY,
         "batch": BATCH, "operations": {kind: sorted(ops) if ops else "all"
                                        for kind, ops in OPERATIONS.items()}},
         "kinds": {}}

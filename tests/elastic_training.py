@@ -75,7 +75,7 @@ def train(folder: str, out: str, epochs: int, every: int, pace: float) -> None:
     model = Classifier()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     ipycloud.fit(model, optimizer, data, epochs=epochs, device="cpu", precision="fp32",
-                 progress=False, seed=11, checkpoint=folder, checkpoint_every=every,
+                 progress=False, seed=11, checkpoint=folder, checkpoint_every_steps=every,
                  callbacks=[TrainedSamples(model, Path(out)), Pace(pace)])
     if torch.distributed.get_rank() == 0:
         torch.save(model.state_dict(), Path(out) / "final.pt")

@@ -136,7 +136,7 @@ def train(folder: str, out: str, when: str | None, workers: int,
     timeline = Timeline(timeline_file)
     timeline.note("fit")
     fit(model, optimizer, loader, epochs=EPOCHS, scheduler=scheduler, device="cpu",
-        checkpoint=folder, checkpoint_every=EVERY, seed=11, progress=False,
+        checkpoint=folder, checkpoint_every_steps=EVERY, seed=11, progress=False,
         val_data=DataLoader(Noisy(False, item_delay_s), batch_size=32),
         metrics={"score": ValidationScore(at if kind == "validation" else None)},
         callbacks=[At(at if kind == "step" else None),

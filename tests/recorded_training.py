@@ -55,7 +55,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1),
         DataLoader(Slow(args.item_delay), batch_size=BATCH, shuffle=True), epochs=EPOCHS,
-        device="cpu", checkpoint=args.folder, checkpoint_every=5, log_every=1, seed=1,
+        device="cpu", checkpoint=args.folder, checkpoint_every_steps=5, log_every=1, seed=1,
         progress=False, callbacks=[Saying()])
     print("done", flush=True)
 

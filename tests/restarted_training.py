@@ -58,7 +58,7 @@ def train(folder: str, signals: Path) -> None:
                       shuffle=True)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=3, device="cpu",
-        checkpoint=folder, checkpoint_every=10, log_every=2, seed=1, progress=False,
+        checkpoint=folder, checkpoint_every_steps=10, log_every=2, seed=1, progress=False,
         callbacks=[KillRankOne(signals)] if first_try else [])
 
 

@@ -204,7 +204,7 @@ def train(spec: dict[str, Any]) -> None:
     try:
         ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=EPOCHS,
                      loss_fn=nn.functional.cross_entropy, device="cpu", precision="fp32",
-                     checkpoint=spec["checkpoint"], checkpoint_every=CHECKPOINT_EVERY,
+                     checkpoint=spec["checkpoint"], checkpoint_every_steps=CHECKPOINT_EVERY,
                      log_every=2, progress=False, seed=1,
                      release=spec["end"] == "release=True",
                      callbacks=callbacks, **validation)

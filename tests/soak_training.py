@@ -125,7 +125,7 @@ def _fit(training: Training, folder: Path, channel: Channel, result: Path | None
     loader = DataLoader(Augmented(), batch_size=BATCH, shuffle=True, **LOADERS[training.loader])
     manager = CheckpointManager(folder, background=SAVES[training.save])  # type: ignore[arg-type]
     fit(model, optimizer, loader, max_steps=training.steps, checkpoint=manager,
-        checkpoint_every=training.every, device="cpu", precision="fp32", progress=False,
+        checkpoint_every_steps=training.every, device="cpu", precision="fp32", progress=False,
         seed=training.seed, callbacks=[Reporter(channel, model if digests else None)]
         if main else [])
     if main and result is not None:

@@ -58,7 +58,7 @@ def train_on_the_cluster(steps: int, per_rank_batch: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     ipycloud.fit(model, optimizer, DataLoader(data, batch_size=per_rank_batch, shuffle=True),
                  max_steps=steps, precision="fp32", device="cpu", progress=False, seed=11,
-                 checkpoint=str(folder), checkpoint_every=EVERY, callbacks=[Slowly()])
+                 checkpoint=str(folder), checkpoint_every_steps=EVERY, callbacks=[Slowly()])
     if torch.distributed.get_rank() == 0:
         torch.save(model.state_dict(), folder / "final.pt")
 

@@ -196,7 +196,7 @@ def test_early_stopping_counts_its_patience_across_a_resume(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("saving", [
-    {"checkpoint_every": STEPS_PER_EPOCH},  # a save due as each epoch ends
+    {"checkpoint_every_steps": STEPS_PER_EPOCH},  # a save due as each epoch ends
     {"keep_best": ("val_score", "max")},  # a save taken at each epoch's end
 ])
 def test_a_run_stopped_early_where_a_save_falls_is_complete_when_rerun(
@@ -206,7 +206,7 @@ def test_a_run_stopped_early_where_a_save_falls_is_complete_when_rerun(
             return CheckpointManager(tmp_path, keep_best=saving["keep_best"])
         return tmp_path
 
-    every = {"checkpoint_every": saving.get("checkpoint_every", "10m")}
+    every = {"checkpoint_every_steps": saving.get("checkpoint_every_steps")}
     score = Scores([0.3, 0.9, 0.5, 0.4, 1.0, 1.0])
     options = {"epochs": 6, "val_data": data(), "metrics": {"score": score},
                "callbacks": [EarlyStopping("val_score", patience=2)], **every}
@@ -226,10 +226,10 @@ def test_a_run_a_callback_stops_where_a_save_falls_is_complete_when_rerun(
             if step == 6:
                 raise StopTraining
 
-    _, history = run(tmp_path, callbacks=[StopAt()], checkpoint_every=2)
+    _, history = run(tmp_path, callbacks=[StopAt()], checkpoint_every_steps=2)
     assert history.steps[-1]["step"] == 6
     capsys.readouterr()
-    _, again = run(tmp_path, callbacks=[StopAt()], checkpoint_every=2, progress=True)
+    _, again = run(tmp_path, callbacks=[StopAt()], checkpoint_every_steps=2, progress=True)
     assert again.stopped == history.stopped
     assert "already complete at step 6" in capsys.readouterr().out
 
@@ -256,7 +256,7 @@ def test_a_finished_run_is_not_validated_again(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     score = Scores([0.5, 0.6, 0.7])
     options = {"epochs": 2, "val_data": data(), "metrics": {"score": score},
-               "checkpoint_every": 2 * STEPS_PER_EPOCH}  # saved before the last epoch ends
+               "checkpoint_every_steps": 2 * STEPS_PER_EPOCH}  # saved before the last epoch ends
     _, history = run(tmp_path, **options)
     capsys.readouterr()
     _, again = run(tmp_path, progress=True, **options)
@@ -419,7 +419,7 @@ class StopAt(Callback):
 def test_a_resumed_history_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     """Log windows of 3 steps, a checkpoint every 5: the resumed run's rows and epoch
     losses fall where the uninterrupted run's do."""
-    options = {"epochs": 3, "log_every": 3, "checkpoint_every": 5, "val_data": data()}
+    options = {"epochs": 3, "log_every": 3, "checkpoint_every_steps": 5, "val_data": data()}
     _, whole = run(tmp_path / "whole", **options)
     run(tmp_path / "stopped", callbacks=[StopAt(7)], **options)
     manager = CheckpointManager(tmp_path / "stopped")

@@ -17,7 +17,7 @@ from ipycloud.runtime.runs import runs
 from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.loop import fit
 
-SAVED_STEP = 3  # checkpoint_every=3: the background save begins after step 3
+SAVED_STEP = 3  # checkpoint_every_steps=3: the background save begins after step 3
 FAILING_CALL = SAVED_STEP + 1  # the model's next forward, right after that save began
 
 
@@ -52,7 +52,7 @@ def train(folder: Path, model: nn.Module, callbacks: list[Any]) -> None:
                          torch.randint(0, 2, (64,), generator=generator))
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(data, batch_size=8),
         epochs=1, device="cpu", progress=False, log_every=100, callbacks=callbacks,
-        checkpoint=CheckpointManager(folder, background="thread"), checkpoint_every=3)
+        checkpoint=CheckpointManager(folder, background="thread"), checkpoint_every_steps=3)
 
 
 @pytest.mark.parametrize(("failure", "error"), [

@@ -163,7 +163,7 @@ def test_a_final_save_that_fails_keeps_the_machine(
                 fill(folder)
 
     with pytest.warns(CheckpointWarning, match="step 12 is not saved"):
-        train(manager, epochs=3, checkpoint_every=4, callbacks=[FillTheDiskInTheLastEpoch()])
+        train(manager, epochs=3, checkpoint_every_steps=4, callbacks=[FillTheDiskInTheLastEpoch()])
     assert [info.step for info in manager.list()] == [4, 8]
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"{KEEPING}the final checkpoint (step 12) is not saved; the newest is step 8, in "

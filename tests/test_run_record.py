@@ -209,7 +209,7 @@ def test_lines_kept_while_the_storage_fails_are_written_once_it_answers(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model, _ = train(folder, log_every=1, checkpoint_every=4, callbacks=[At({
+        model, _ = train(folder, log_every=1, checkpoint_every_steps=4, callbacks=[At({
             3: lambda: faulty_mount.fail(errno.EIO, ops=["create", "write", "fsync"]),
             12: faulty_mount.heal})])
 
@@ -320,7 +320,7 @@ def test_a_runs_start_and_its_checkpoints_are_written_at_once_for_a_kill_loses_t
 
     # saves at steps 2 and 4, each written before the next begins: step 2's is told by
     # step 5; a process killed at step 1 or 6 leaves the run on record, with a checkpoint
-    train(tmp_path, epochs=1, checkpoint_every=2, callbacks=[At({
+    train(tmp_path, epochs=1, checkpoint_every_steps=2, callbacks=[At({
         1: lambda: wait_for(lambda: "start" in kinds(), what="the start line"),
         6: lambda: wait_for(lambda: "checkpoint" in kinds(), what="a checkpoint line")})])
 

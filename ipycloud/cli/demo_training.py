@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
     history = fit(model, optimizer, DataLoader(dataset, batch_size=8, shuffle=True),
                   max_steps=args.steps, scheduler=scheduler, precision=args.precision,
                   grad_accum=2, device=args.device, checkpoint=args.checkpoints,
-                  checkpoint_every=7, callbacks=callbacks, progress=args.progress)
+                  checkpoint_every_steps=7, callbacks=callbacks, progress=args.progress)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "steps": [row["step"] for row in history.steps]}, args.out)
 

@@ -38,10 +38,11 @@ from ipycloud.runtime.train.alerts import run_alerts
 from ipycloud.runtime.train.arguments import (
     check_arguments,
     check_epoch_metric,
+    check_numbers,
     check_progress,
     check_release,
     checkpoint_manager,
-    checkpoint_seconds,
+    checkpoint_schedule,
     unreadable_at_start,
 )
 from ipycloud.runtime.train.buckets import rebuilds_buckets, settle_buckets
@@ -101,22 +102,26 @@ class _Plan:
     max_steps: int | None
     grad_accum: int
     clip_grad_norm: float | None
-    checkpoint_every_s: float | None
-    checkpoint_every_steps: int | None
+    checkpoint_every: tuple[float | None, int | None]  # (seconds, steps): one is None
     log_every: int
     metrics: dict[str, Any]
 
 
-def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | None = None,
-        max_steps: int | None = None, loss_fn: Any = None, val_data: Iterable[Any] | None = None,
-        metrics: Mapping[str, Any] | None = None, scheduler: Any = None,
-        precision: str = "auto", grad_accum: int = 1, clip_grad_norm: float | None = None,
-        device: Any = "auto", checkpoint: Any = None, checkpoint_every: str | int = "10m",
-        resume: bool | str | int = "auto", callbacks: Sequence[Callback] = (),
-        log_every: int = LOG_EVERY,
-        progress: bool | Literal["bar"] = True, seed: int | None = None,
-        release: bool = False) -> History:
+def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *,
+        epochs: int | None = None, max_steps: int | None = None,
+        val_data: Iterable[Any] | None = None, loss_fn: Any = None,
+        metrics: Mapping[str, Any] | None = None,
+        scheduler: Any = None, grad_accum: int = 1, clip_grad_norm: float | None = None,
+        device: Any = "auto", precision: str = "auto",
+        checkpoint: Any = None, checkpoint_every: str | float | None = None,
+        checkpoint_every_steps: int | None = None, resume: bool | str | int = "auto",
+        release: bool = False,
+        callbacks: Sequence[Callback] = (), log_every: int = LOG_EVERY,
+        progress: bool | Literal["bar"] = True, seed: int | None = None) -> History:
     """Train ``model`` with ``optimizer`` on ``train_data``; returns the History.
+
+    Everything after ``train_data`` is a keyword, in groups: how long; what to validate;
+    how to step; where; checkpoints; what to tell and show.
 
     - ``epochs`` or ``max_steps`` (optimizer steps) bounds the run; neither means 1 epoch.
     - Batches are ``(inputs, targets)``, a lone input, or a mapping of the model's keyword
@@ -134,12 +139,13 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       (micro-batches weighted by their samples, or by their labels that count);
       ``clip_grad_norm`` clips (after unscaling under fp16).
     - ``checkpoint`` (a folder or a CheckpointManager) is saved every ``checkpoint_every``
-      ("10m", or an int number of steps), at every epoch's end when the manager keeps the
-      best (``keep_best``; the epoch's metrics go with it), when interrupted, and at the
-      end; a CheckpointManager's ``background`` decides whether the periodic ones are
-      written in the background. ``resume="auto"`` continues from its latest checkpoint,
-      mid-epoch included; ``resume=False`` starts afresh; True, a step or a tag resumes
-      from that checkpoint.
+      (a duration: "10m", "1h30m" or a number of seconds; 10 minutes by default) or,
+      instead, every ``checkpoint_every_steps`` optimizer steps; also at every epoch's end
+      when the manager keeps the best (``keep_best``; the epoch's metrics go with it), when
+      interrupted, and at the end; a CheckpointManager's ``background`` decides whether
+      the periodic ones are written in the background. ``resume="auto"`` continues from
+      its latest checkpoint, mid-epoch included; ``resume=False`` starts afresh; True, a
+      step or a tag resumes from that checkpoint. ``release=True``: see below.
     - ``callbacks``: ``ipycloud.Callback`` instances, told of the start, each step (the loss
       read every ``log_every`` steps, None in between), epoch, checkpoint, event and the
       end; a hook that raises StopTraining ends the run. ``EarlyStopping("val_loss",
@@ -167,6 +173,7 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
 
     check_group_started()
     check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
+    check_numbers(clip_grad_norm, seed)
     check_progress(progress)
     manager = checkpoint_manager(checkpoint)
     resuming.check_resume(resume, manager is not None)
@@ -176,9 +183,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         choice=choice, precision=resolve_precision(precision, choice.device, choice.kind),
         epochs=epochs if epochs is not None or max_steps is not None else 1,
         max_steps=max_steps, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
-        checkpoint_every_s=checkpoint_seconds(checkpoint_every), log_every=log_every,
-        checkpoint_every_steps=checkpoint_every if isinstance(checkpoint_every, int) else None,
-        metrics=check_metrics(metrics))
+        checkpoint_every=checkpoint_schedule(checkpoint_every, checkpoint_every_steps),
+        log_every=log_every, metrics=check_metrics(metrics))
     user_callbacks = check_callbacks(callbacks)
     watched = [("EarlyStopping", callback.metric) for callback in user_callbacks
                if isinstance(callback, EarlyStopping)]
@@ -771,10 +777,10 @@ class _Trainer:
 
     def _checkpoint_due(self) -> bool:
         saved_step = self._saved_at[0] if self._saved_at else 0
-        if self.plan.checkpoint_every_steps is not None:
-            return self.step - saved_step >= self.plan.checkpoint_every_steps
-        return (self.plan.checkpoint_every_s is not None
-                and time.monotonic() - self._last_save >= self.plan.checkpoint_every_s)
+        seconds, steps = self.plan.checkpoint_every
+        if steps is not None:
+            return self.step - saved_step >= steps
+        return seconds is not None and time.monotonic() - self._last_save >= seconds
 
     def _position(self) -> tuple[int, int]:
         return self.step, self.data.epoch
