@@ -10,7 +10,6 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -32,7 +31,6 @@ from ipycloud.runtime.checkpoint.resilient import (
 )
 from ipycloud.runtime.runs.best import best_epoch
 from ipycloud.runtime.runs.recorder import record_run
-from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.alerts import run_alerts
 from ipycloud.runtime.train.arguments import (
@@ -68,18 +66,19 @@ from ipycloud.runtime.train.interrupt import (
     GroupStopped,
     Preemption,
 )
-from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
+from ipycloud.runtime.train.step_runner import NonFiniteLossError, StepRunner
 from ipycloud.runtime.train.stop_vote import INTERRUPT, SIGTERM, StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.workers import LoaderIterators
 from ipycloud.runtime.train.xla import OnCpu
 from ipycloud.runtime.units import counted, finite_number
 
+__all__ = ["NonFiniteLossError", "fit"]  # the first raised by the step runner
+
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
-MAX_SKIPPED_FP16_STEPS = 25
 PREEMPTED_COPY_WAIT_S = 5.0  # at SIGTERM, how long the last copy back may take
 # Where the run stands, for a SIGTERM: in the first three, the live state is that of the
 # last finished step, the random generators' as they were when the phase began.
@@ -87,9 +86,6 @@ STARTING, EPOCH_START, VALIDATING = "starting", "epoch start", "validating"
 FETCHING, TRAINING, SAVING = "fetching", "training", "saving"
 ENDING = "ending"  # after a failure: the end told, the last save waited for
 
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; the message names the step."""
 
 
 @dataclass
@@ -222,22 +218,15 @@ class _Trainer:
         self.dist = distributed.distributed_info()
         self.main = distributed.is_main_process()
         self.model = distributed.wrap_for_distributed(self.raw_model, self.device)
-        self._no_sync = getattr(self.model, "no_sync", None)  # DistributedDataParallel's
         self.optimizer, self.scheduler = optimizer, scheduler
-        self._steps_on_metric = scheduler is not None and _steps_on_metric(scheduler)
-        self.scaler = plan.precision.scaler(self.device)
-        self.loss_fn = loss_fn
-        self.loss_rule: LossRule | None = None
-        self.shifted = batch_parts.shifts_labels(self.raw_model)
+        self.runner = StepRunner(self.model, self.raw_model, optimizer, scheduler, loss_fn,
+                                 self.device, plan.precision, plan.choice.kind == "xla",
+                                 plan.clip_grad_norm)
         self.history = History(device=str(self.device), precision=plan.precision.name)
         self.step = 0  # optimizer steps taken
         self.data: EpochData = None  # type: ignore[assignment]  # set when the run starts
         self.loaders = LoaderIterators()  # what the run reads, its workers ended after it
-        self.xla = plan.choice.kind == "xla"
-        self._losses: list[Any] = []  # step losses since the last read, on the device
         self._window: list[float] = []  # step losses read since the last logged row
-        self._moves_batches = not self.xla and self.device.type != "cpu"
-        self._skipped_in_a_row = 0  # fp16 steps skipped by the scaler
         self._reported_checkpoint: str | None = None  # the last one told to callbacks
         self._unreported = False  # whether a save may be written and not told of yet
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of the last save
@@ -424,18 +413,18 @@ class _Trainer:
         """
         self.model.train()
         self._enter(EPOCH_START)  # until the first batch, as the loader starts its workers
-        batches = self._fetched(self._on_device(self.data.epoch_batches()))
+        batches = self._fetched(self.runner.on_device(self.data.epoch_batches()))
         if self._settling:
             batches = self._settled(batches)
         if self.plan.grad_accum == 1:  # the common case, on the shortest path
             for batch in batches:
-                self._train_batch(batch)
+                self.runner.train_batch(batch)
                 self.data.consumed(1)
                 self._finish_step(bar)
                 yield
         else:
             for group in _groups(batches, self.plan.grad_accum):
-                self._train_group(group)
+                self.runner.train_group(group)
                 self.data.consumed(len(group))
                 self._finish_step(bar)
                 yield
@@ -452,7 +441,7 @@ class _Trainer:
         if first is _END:
             return
         self._settling = False
-        settle_buckets(self.model, lambda: self._forward(first)[2])
+        settle_buckets(self.model, lambda: self.runner.forward(first)[2])
         yield first
         yield from batches
 
@@ -468,122 +457,18 @@ class _Trainer:
             self._phase = TRAINING
             yield batch
 
-    def _train_batch(self, batch: Any) -> None:
-        """Forward and backward over an optimizer step of one batch."""
-        _, _, loss = self._forward(batch)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        self._losses.append(loss.detach())
-
-    def _train_group(self, group: list[Any]) -> None:
-        """Forward and backward over one optimizer step's micro-batches.
-
-        Each micro-batch's mean loss is weighted by its share of the group's items, so the
-        gradient equals that of the group as one batch; under DDP only the last one
-        all-reduces.
-        """
-        weights = self._weights(group) if len(group) > 1 else None
-        step_loss = None
-        for index, batch in enumerate(group):
-            with self._gradient_sync(index == len(group) - 1):
-                _, _, loss = self._forward(batch)
-                if weights is not None:
-                    loss = loss * weights[index]
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        self._losses.append(step_loss)
-
-    def _weights(self, group: list[Any]) -> list[Any]:
-        counts_labels = self.loss_fn is None
-        counts = [batch_parts.items_in(batch, batch_parts.split(batch)[1], shifted=self.shifted,
-                                       counts_labels=counts_labels) for batch in group]
-        total = sum(counts)
-        return [count / total for count in counts]
-
-    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext() if last or self._no_sync is None else self._no_sync()
-
     def _finish_step(self, bar: Progress) -> None:
-        self._optimizer_step()
+        self.runner.optimizer_step(self.step + 1)
         self.step += 1
         row = self._log(bar) if self.step % self.plan.log_every == 0 else None
         if self.callbacks.per_step:
             self.callbacks.step(self.step, row or {
-                "step": self.step, "epoch": self.data.epoch, "loss": None, "lr": self._lr(),
+                "step": self.step, "epoch": self.data.epoch, "loss": None, "lr": self.runner.lr(),
                 "steps_per_s": None, "samples_per_s": None})
 
-    def _on_device(self, batches: Iterable[Any]) -> Iterable[Any]:
-        """The batches on the training device: through torch_xla's loader on XLA."""
-        if self.xla:
-            from ipycloud.runtime.train import xla
-
-            return xla.device_loader(batches, self.device)
-        if self._moves_batches:
-            return (batch_parts.to_device(batch, self.device) for batch in batches)
-        return batches
-
-    def _forward(self, batch: Any) -> tuple[Any, Any, Any]:
-        """Outputs, targets and loss of one batch, under the run's autocast."""
-        inputs, targets = batch_parts.split(batch)
-        with self.plan.precision.autocast(self.device):
-            outputs = batch_parts.call(self.model, inputs)
-            return outputs, targets, self._loss(outputs, targets, batch)
-
-    def _optimizer_step(self) -> None:
-        if self.plan.clip_grad_norm is not None:
-            import torch
-
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.clip_grad_norm)
-        if self.scaler is not None:
-            self._scaled_step()
-        elif self.xla:
-            from ipycloud.runtime.train import xla
-
-            xla.optimizer_step(self.optimizer)
-        else:
-            self.optimizer.step()
-        if self.scheduler is not None and not self._steps_on_metric:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _scaled_step(self) -> None:
-        """An fp16 step; overflowing steps are skipped by the scaler, but not forever."""
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        skipped = self.scaler.get_scale() < scale
-        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
-        if self._skipped_in_a_row >= MAX_SKIPPED_FP16_STEPS:
-            raise NonFiniteLossError(
-                f"fp16 gradients overflowed {self._skipped_in_a_row} optimizer steps in a "
-                f"row, up to step {self.step + 1}: the loss scale fell to "
-                f"{self.scaler.get_scale():g}; try precision='bf16' or 'fp32', or a lower "
-                "learning rate")
-
-    def _loss(self, outputs: Any, targets: Any, batch: Any) -> Any:
-        if self.loss_fn is not None:
-            return self.loss_fn(outputs, targets if targets is not None else batch)
-        labels = batch_parts.labels_of(batch, targets)
-        if self.loss_rule is None:
-            self.loss_rule = pick_loss(outputs, labels, self.shifted)
-        return self.loss_rule.compute(outputs, labels)
-
     def _read_losses(self) -> None:
-        """Bring the step losses gathered on the device to the host (one device sync) and
-        stop the run at a NaN or infinite one."""
-        if not self._losses:
-            return
-        import torch
-
-        values = torch.stack(self._losses).float().cpu().tolist()
-        self._losses = []
-        first = self.step - len(values) + 1
-        self._window += values
-        if not all(map(math.isfinite, values)):
-            raise NonFiniteLossError(
-                f"the loss is {sum(values) / len(values)} in optimizer steps {first} to "
-                f"{self.step} (epoch {self.data.epoch}); earlier checkpoints are intact")
+        """Bring the step losses to the host and stop the run at a NaN or infinite one."""
+        self._window += self.runner.read_losses(self.step, self.data.epoch)
 
     def _log(self, bar: Progress) -> dict[str, Any] | None:
         """Report the mean loss of the steps since the last row, as a row of the history.
@@ -598,7 +483,7 @@ class _Trainer:
         if not window:
             return None
         mean = float(torch.tensor(window, dtype=torch.float32).mean())
-        row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self._lr()}
+        row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self.runner.lr()}
         self.history.steps.append(row)
         bar.advance(len(window), loss=mean, lr=row["lr"])
         told = {**row, **self._pace()}
@@ -619,9 +504,6 @@ class _Trainer:
         return {"steps_per_s": steps_per_s,
                 "samples_per_s": steps_per_s * samples if samples else None}
 
-    def _lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
     def _end_epoch(self, val_data: Iterable[Any] | None, seconds: float, bar: Progress) -> None:
         epoch = self.data.epoch
         logs: dict[str, Any] = {"epoch": epoch, "steps": self.step}
@@ -631,11 +513,12 @@ class _Trainer:
         if val_data is not None:
             self._enter(VALIDATING)
             self.model.eval()
-            logs.update(validate(self._forward, self._on_device(self.loaders.iterate(val_data)),
-                                 self.plan.metrics, self.shifted))
+            batches = self.runner.on_device(self.loaders.iterate(val_data))
+            logs.update(validate(self.runner.forward, batches, self.plan.metrics,
+                                 self.runner.shifted))
             self.model.train()
             self._phase = TRAINING
-        if self._steps_on_metric:
+        if self.runner.steps_on_metric:
             self.scheduler.step(logs["val_loss" if val_data is not None else "train_loss"])
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
@@ -787,13 +670,14 @@ class _Trainer:
 
     def _state(self) -> dict[str, Any]:
         history = {**self.history.to_state(), "loss_window": list(self._window)}
-        state: dict[str, Any] = {"model": OnCpu(self.raw_model) if self.xla else self.raw_model,
-                                 "optimizer": OnCpu(self.optimizer) if self.xla
-                                 else self.optimizer, "history": history}
+        xla = self.runner.xla
+        state: dict[str, Any] = {"model": OnCpu(self.raw_model) if xla else self.raw_model,
+                                 "optimizer": OnCpu(self.optimizer) if xla else self.optimizer,
+                                 "history": history}
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler
-        if self.scaler is not None:
-            state["scaler"] = self.scaler
+        if self.runner.scaler is not None:
+            state["scaler"] = self.runner.scaler
         return state
 
     def _epoch_metrics(self) -> dict[str, float] | None:
@@ -1009,7 +893,7 @@ class _Trainer:
                  f"{self.data.epoch}, batch {self.data.batches})" if resumed else "starting")
         world = f", {counted(self.dist.world_size, 'process', 'processes')}" if self.dist else ""
         plateau = (", ReduceLROnPlateau steps on train_loss (no val_data)"
-                   if self._steps_on_metric and val_data is None else "")
+                   if self.runner.steps_on_metric and val_data is None else "")
         lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
                  f"{plan.precision.name} ({plan.precision.reason}){world}{plateau}"]
         changed = resuming.taken_from_checkpoint_line(self._changed)
@@ -1050,8 +934,3 @@ def _out_of_memory(error: BaseException) -> bool:
     return (isinstance(error, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError))
             or (isinstance(error, RuntimeError) and "out of memory" in str(error).lower()))
 
-
-def _steps_on_metric(scheduler: Any) -> bool:
-    import torch
-
-    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
