@@ -22,7 +22,6 @@ from ipycloud.runtime.checkpoint import (
     CheckpointMismatchError,
     CheckpointStorageError,
     auto,
-    rng,
 )
 from ipycloud.runtime.checkpoint.resilient import (
     FINAL_COPY_WAIT_S,
@@ -70,7 +69,8 @@ from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
 from ipycloud.runtime.train.step_runner import NonFiniteLossError, StepRunner
-from ipycloud.runtime.train.stop_vote import INTERRUPT, SIGTERM, StopVote
+from ipycloud.runtime.train.stop_control import STILL, Phase, StopControl
+from ipycloud.runtime.train.stop_vote import SIGTERM, StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.workers import LoaderIterators
 from ipycloud.runtime.train.xla import OnCpu
@@ -80,11 +80,6 @@ __all__ = ["NonFiniteLossError", "fit"]  # the first raised by the step runner
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 PREEMPTED_COPY_WAIT_S = 5.0  # at SIGTERM, how long the last copy back may take
-# Where the run stands, for a SIGTERM: in the first three, the live state is that of the
-# last finished step, the random generators' as they were when the phase began.
-STARTING, EPOCH_START, VALIDATING = "starting", "epoch start", "validating"
-FETCHING, TRAINING, SAVING = "fetching", "training", "saving"
-ENDING = "ending"  # after a failure: the end told, the last save waited for
 
 
 
@@ -231,20 +226,16 @@ class _Trainer:
         self._unreported = False  # whether a save may be written and not told of yet
         self._saved_at: tuple[int, int] | None = None  # (step, epoch) of the last save
         self._last_save = time.monotonic()
-        self._interrupt: DeferredInterrupt | None = None
         self._changed: list[str] = []  # settings a resumed checkpoint replaced
         self._notes: list[str] = []  # said before the first step
         self.saver: ResilientSaver | None = None  # saves around a failing folder
         self.manager: Any = None
         # The checkpoint the run continues from (its name and folder), if it resumed.
         self._resumed_from: tuple[str, Any] | None = None
-        self._preemption: Preemption | None = None
         self._bar = Progress(False)  # the run's, once it starts
-        self._phase = STARTING
-        self._rng_states: dict[str, Any] = {}  # as they were when the phase began
+        self.stops = StopControl()  # the interrupt, the SIGTERM, the vote and the phase
         self._ended = False  # whether the callbacks were told how the run ended
         self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
-        self._vote: StopVote | None = None  # the ranks' agreement on when to stop
         self._settling = False  # whether DDP's buckets are settled before the first step
         self._told_unranked: set[str] = set()  # metrics told of being NaN or infinite
 
@@ -274,9 +265,9 @@ class _Trainer:
         try:
             # From its first line on, the Stop button pauses the run.
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
-                                   "(interrupt again to stop at once)") as self._interrupt:
+                                   "(interrupt again to stop at once)") as self.stops.interrupt:
                 self._start(manager, resumed, val_data, progress, bar)
-                with Preemption(self._save_on_sigterm, main=self.main) as self._preemption:
+                with Preemption(self._save_on_sigterm, main=self.main) as self.stops.preemption:
                     self._train_or_fail(val_data, manager, bar)
         except BaseException as error:
             self._fail(error)
@@ -285,8 +276,8 @@ class _Trainer:
             bar.close()
             if self.saver is not None:
                 self.saver.listener = None
-        if self._vote is not None:
-            self._vote.close()
+        if self.stops.vote is not None:
+            self.stops.vote.close()
         self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
             else self._tell_end(FINISHED, None)
         return self.history
@@ -298,7 +289,8 @@ class _Trainer:
             bar.say(line)
         bar.start(self._total_steps(), self.step)
         self.manager, self._bar = manager, bar
-        self._enter(STARTING)
+        self.stops.captures_rng = self.main and self.saver is not None
+        self.stops.enter(Phase.STARTING)
         start = self._run_start(manager, curves=progress is True)
         self.callbacks.join(own_callbacks(start, built_in=[record_run, run_alerts]))
         self.callbacks.tell("on_start", start)
@@ -309,30 +301,30 @@ class _Trainer:
             self.saver.listener = self._storage_event
         self._logged_at = (self.step, time.monotonic())
         if self.dist is not None and self.dist.world_size > 1:
-            self._vote = StopVote(self.dist.rank)
+            self.stops.vote = StopVote(self.dist.rank)
 
     def _train_or_fail(self, val_data: Iterable[Any] | None, manager: Any,
                        bar: Progress) -> None:
         """Train; on an error, tell the run's end while a SIGTERM still waits for it."""
-        assert self._preemption is not None
+        preemption = self.stops.preemption
+        assert preemption is not None
         try:
             self._train(val_data, manager, bar)
         except Exception as error:
-            if self._preemption.requested and self._phase == FETCHING:
+            if preemption.requested and self.stops.phase is Phase.FETCHING:
                 self._end_preempted(bar)  # its workers got the SIGTERM too
             # Still under Preemption: a SIGTERM now (torchrun sends one right after a
             # peer fails) waits until the end is told and the last save written, then
             # takes its course.
             self._fail(error)
-            if self._preemption.requested:
-                self._preemption.end()
+            if preemption.requested:
+                preemption.end()
             raise
 
     def _fail(self, error: BaseException) -> None:
         """Tell how the run ended, and let the last good checkpoint finish writing."""
-        if self._phase == ENDING:
+        if self.stops.enter(Phase.ENDING) is Phase.ENDING:
             return
-        self._phase = ENDING
         if _out_of_memory(error):
             self.callbacks.tell("on_event", "out_of_memory", _first_line(error))
         self._record_last_save()
@@ -375,7 +367,7 @@ class _Trainer:
             release_when_safe(self.saver, self.step)
 
     def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
-        if self._vote is None and self._interrupt is not None and self._interrupt.requested:
+        if self.stops.vote is None and self.stops.interrupted:
             self._pause(manager, bar)  # Stop pressed as the run started: no step taken
         # A stop is noted before the step's or the epoch's save, which then holds it: a
         # rerun resumed from that save finds the run complete.
@@ -412,8 +404,8 @@ class _Trainer:
         Micro-batches left over at the end of the epoch make one last, smaller step.
         """
         self.model.train()
-        self._enter(EPOCH_START)  # until the first batch, as the loader starts its workers
-        batches = self._fetched(self.runner.on_device(self.data.epoch_batches()))
+        self.stops.enter(Phase.EPOCH_START)
+        batches = self.stops.fetching(self.runner.on_device(self.data.epoch_batches()))
         if self._settling:
             batches = self._settled(batches)
         if self.plan.grad_accum == 1:  # the common case, on the shortest path
@@ -444,18 +436,6 @@ class _Trainer:
         settle_buckets(self.model, lambda: self.runner.forward(first)[2])
         yield first
         yield from batches
-
-    def _fetched(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """``batches``, the phase saying when the loop waits for the next one."""
-        iterator = iter(batches)
-        while True:
-            if self._phase != EPOCH_START:
-                self._phase = FETCHING
-            batch = next(iterator, _END)
-            if batch is _END:
-                return
-            self._phase = TRAINING
-            yield batch
 
     def _finish_step(self, bar: Progress) -> None:
         self.runner.optimizer_step(self.step + 1)
@@ -511,13 +491,13 @@ class _Trainer:
         if epoch_steps:
             logs["train_loss"] = sum(epoch_steps) / len(epoch_steps)
         if val_data is not None:
-            self._enter(VALIDATING)
+            self.stops.enter(Phase.VALIDATING)
             self.model.eval()
             batches = self.runner.on_device(self.loaders.iterate(val_data))
             logs.update(validate(self.runner.forward, batches, self.plan.metrics,
                                  self.runner.shifted))
             self.model.train()
-            self._phase = TRAINING
+            self.stops.enter(Phase.TRAINING)
         if self.runner.steps_on_metric:
             self.scheduler.step(logs["val_loss" if val_data is not None else "train_loss"])
         logs["seconds"] = round(seconds, 3)
@@ -570,19 +550,12 @@ class _Trainer:
         """After an interrupt: save where the run stands, say so, and stop the cell; after
         a SIGTERM, save and let the process end. In a process group the ranks first agree
         (a step late) on whether any of them got either, and stop together."""
-        preempted = self._preemption is not None and self._preemption.requested
-        interrupted = self._interrupt is not None and self._interrupt.requested
-        if self._vote is None:
-            if preempted:
-                self._end_preempted(bar)
-            if interrupted:
-                self._pause(manager, bar)
-            return
-        stop = self._vote.agree(SIGTERM if preempted else INTERRUPT if interrupted else None)
+        stop = self.stops.agreed_stop()
         if stop is None:
             return
-        if stop.kind == SIGTERM:
-            self._end_preempted(bar, stop.asker)
+        kind, asker = stop
+        if kind == SIGTERM:
+            self._end_preempted(bar, asker)
         self._pause(manager, bar)
 
     def _pause(self, manager: Any, bar: Progress) -> None:
@@ -601,19 +574,12 @@ class _Trainer:
 
     # -- SIGTERM ----------------------------------------------------------------------------
 
-    def _enter(self, phase: str) -> None:
-        """Begin a phase in which the live state stands still (see STARTING); the random
-        generators' states are kept for a SIGTERM's save, where this process saves."""
-        if self.main and self.saver is not None:
-            self._rng_states = rng.capture_rng_states()
-        self._phase = phase
-
     def _save_on_sigterm(self) -> bool:
         """From the SIGTERM handler: where the live state is the last finished step's,
         save it now and return True; otherwise False, and the next step boundary saves."""
-        if self._phase not in (STARTING, EPOCH_START, VALIDATING):
+        if self.stops.phase not in STILL:
             return False
-        line = self._say_preempted(self._bar, rng_states=self._rng_states)
+        line = self._say_preempted(self._bar, rng_states=self.stops.rng_states)
         self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
         return True
 
@@ -624,11 +590,12 @@ class _Trainer:
         self._read_losses()
         line = self._say_preempted(bar, rng_states=None, asker=asker)
         self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
-        assert self._preemption is not None
-        if not self._preemption.requested:
+        preemption = self.stops.preemption
+        assert preemption is not None
+        if not preemption.requested:
             raise GroupStopped(f"{line} (rank {asker} got SIGTERM; this rank ends so that "
                                "the group can restart without it)")
-        self._preemption.end()
+        preemption.end()
         raise KeyboardInterrupt(line)  # the signal's handler let the process live
 
     def _say_preempted(self, bar: Progress, rng_states: dict[str, Any] | None,
@@ -701,7 +668,7 @@ class _Trainer:
         self._saved_at, self._last_save = self._position(), time.monotonic()
         if not self.main or self.saver is None:
             return
-        phase, self._phase = self._phase, SAVING
+        phase = self.stops.enter(Phase.SAVING)
         try:
             self._report_checkpoint(self.saver.wait())  # the previous, in the background
             self.saver.save(self._state(), self.step, epoch=self.data.epoch,
@@ -712,7 +679,7 @@ class _Trainer:
                 self._report_checkpoint(self.saver.wait())
             self._unreported = blocking is not True
         finally:
-            self._phase = phase
+            self.stops.enter(phase)
 
     def _report_written_save(self) -> None:
         """Tell of a save written in the background since, without waiting for one still
