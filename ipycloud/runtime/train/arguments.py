@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.messages import os_reason
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.checkpoint import CheckpointManager
 
 DEFAULT_CHECKPOINT_EVERY_S = 600.0  # fit's periodic saves, unless told otherwise
 
@@ -76,7 +79,7 @@ def checkpoint_schedule(every: Any, every_steps: Any) -> tuple[float | None, int
                     f"not {every!r}; to save every N steps, pass checkpoint_every_steps=N")
 
 
-def checkpoint_manager(checkpoint: Any) -> Any:
+def checkpoint_manager(checkpoint: Any) -> CheckpointManager | None:
     from ipycloud.runtime.checkpoint import CheckpointManager, manager_for
 
     if checkpoint is None:

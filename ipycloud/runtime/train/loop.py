@@ -9,7 +9,7 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -17,17 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ipycloud.runtime._optional import require
-from ipycloud.runtime.checkpoint import (
-    CheckpointError,
-    CheckpointMismatchError,
-    CheckpointStorageError,
-    auto,
-)
-from ipycloud.runtime.checkpoint.resilient import (
-    FINAL_COPY_WAIT_S,
-    ResilientSaver,
-    resilient_saver,
-)
+from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager
 from ipycloud.runtime.runs.best import best_epoch
 from ipycloud.runtime.runs.recorder import record_run
 from ipycloud.runtime.train import resume as resuming
@@ -40,7 +30,6 @@ from ipycloud.runtime.train.arguments import (
     check_release,
     checkpoint_manager,
     checkpoint_schedule,
-    unreadable_at_start,
 )
 from ipycloud.runtime.train.buckets import rebuilds_buckets, settle_buckets
 from ipycloud.runtime.train.callback import (
@@ -55,6 +44,7 @@ from ipycloud.runtime.train.callback import (
     check_callbacks,
     own_callbacks,
 )
+from ipycloud.runtime.train.checkpointing import RunCheckpoints
 from ipycloud.runtime.train.data import EpochData
 from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
 from ipycloud.runtime.train.early_stopping import EarlyStopping
@@ -73,7 +63,6 @@ from ipycloud.runtime.train.stop_control import STILL, Phase, StopControl
 from ipycloud.runtime.train.stop_vote import SIGTERM, StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.workers import LoaderIterators
-from ipycloud.runtime.train.xla import OnCpu
 from ipycloud.runtime.units import counted, finite_number
 
 __all__ = ["NonFiniteLossError", "fit"]  # the first raised by the step runner
@@ -221,17 +210,8 @@ class _Trainer:
         self.step = 0  # optimizer steps taken
         self.data: EpochData = None  # type: ignore[assignment]  # set when the run starts
         self.loaders = LoaderIterators()  # what the run reads, its workers ended after it
-        self._window: list[float] = []  # step losses read since the last logged row
-        self._reported_checkpoint: str | None = None  # the last one told to callbacks
-        self._unreported = False  # whether a save may be written and not told of yet
-        self._saved_at: tuple[int, int] | None = None  # (step, epoch) of the last save
-        self._last_save = time.monotonic()
-        self._changed: list[str] = []  # settings a resumed checkpoint replaced
-        self._notes: list[str] = []  # said before the first step
-        self.saver: ResilientSaver | None = None  # saves around a failing folder
-        self.manager: Any = None
-        # The checkpoint the run continues from (its name and folder), if it resumed.
-        self._resumed_from: tuple[str, Any] | None = None
+        self.window: list[float] = []  # step losses read since the last logged row
+        self.checkpoints = RunCheckpoints(self, None)  # the run's, once it starts
         self._bar = Progress(False)  # the run's, once it starts
         self.stops = StopControl()  # the interrupt, the SIGTERM, the vote and the phase
         self._ended = False  # whether the callbacks were told how the run ended
@@ -241,15 +221,15 @@ class _Trainer:
 
     # -- the run --------------------------------------------------------------------------
 
-    def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None, manager: Any,
-            resume: bool | str | int, progress: bool | Literal["bar"]) -> History:
-        if manager is not None:
-            self.saver = resilient_saver(manager)
-        resumed = self._resume(manager, resume) if manager is not None else None
+    def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None,
+            manager: CheckpointManager | None, resume: bool | str | int,
+            progress: bool | Literal["bar"]) -> History:
+        checkpoints = self.checkpoints = RunCheckpoints(self, manager)
+        resumed = checkpoints.resume(resume)
         self.data = EpochData(train_data, self.seed, *self._rank_and_world(), self.loaders)
         if resumed is not None:
             self.data.resume(resumed.data_position or {})
-            self._saved_at = self._position()
+            checkpoints.saved_at = self.position()
             self._settling = rebuilds_buckets(self.model, self._rank_and_world()[1])
         if manager is not None:
             self.data.check_reproducible()
@@ -258,58 +238,57 @@ class _Trainer:
         bar = Progress(bool(progress) and self.main)
         if self._finished():
             bar.say(self._complete_line(resumed))
-            if (self.main and self.saver is not None and resumed is not None
-                    and resumed.directory != manager.directory):
-                bar.say(f"ipycloud.fit: {self.saver.finish()}")  # once it is copied back
+            if (checkpoints.writes and checkpoints.saver is not None and manager is not None
+                    and resumed is not None and resumed.directory != manager.directory):
+                bar.say(f"ipycloud.fit: {checkpoints.saver.finish()}")  # once copied back
             return self.history
         try:
             # From its first line on, the Stop button pauses the run.
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
                                    "(interrupt again to stop at once)") as self.stops.interrupt:
-                self._start(manager, resumed, val_data, progress, bar)
+                self._start(resumed, val_data, progress, bar)
                 with Preemption(self._save_on_sigterm, main=self.main) as self.stops.preemption:
-                    self._train_or_fail(val_data, manager, bar)
+                    self._train_or_fail(val_data, bar)
         except BaseException as error:
             self._fail(error)
             raise  # a vote still open is left: its peers may be gone
         finally:
             bar.close()
-            if self.saver is not None:
-                self.saver.listener = None
+            if checkpoints.saver is not None:
+                checkpoints.saver.listener = None
         if self.stops.vote is not None:
             self.stops.vote.close()
         self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
             else self._tell_end(FINISHED, None)
         return self.history
 
-    def _start(self, manager: Any, resumed: Any, val_data: Iterable[Any] | None,
+    def _start(self, resumed: CheckpointInfo | None, val_data: Iterable[Any] | None,
                progress: bool | Literal["bar"], bar: Progress) -> None:
         """Say how the run starts, and start its record and callbacks."""
         for line in self._first_lines(resumed, val_data):
             bar.say(line)
         bar.start(self._total_steps(), self.step)
-        self.manager, self._bar = manager, bar
-        self.stops.captures_rng = self.main and self.saver is not None
+        self._bar = bar
+        self.stops.captures_rng = self.checkpoints.writes
         self.stops.enter(Phase.STARTING)
-        start = self._run_start(manager, curves=progress is True)
+        start = self._run_start(curves=progress is True)
         self.callbacks.join(own_callbacks(start, built_in=[record_run, run_alerts]))
         self.callbacks.tell("on_start", start)
         if resumed is not None:
             self.callbacks.tell("on_event", "resume", f"resuming from {resumed.name} (step "
                                 f"{resumed.step}, epoch {self.data.epoch})")
-        if self.saver is not None:
-            self.saver.listener = self._storage_event
+        if self.checkpoints.saver is not None:  # what it tells of a failing folder
+            self.checkpoints.saver.listener = functools.partial(self.callbacks.tell, "on_event")
         self._logged_at = (self.step, time.monotonic())
         if self.dist is not None and self.dist.world_size > 1:
             self.stops.vote = StopVote(self.dist.rank)
 
-    def _train_or_fail(self, val_data: Iterable[Any] | None, manager: Any,
-                       bar: Progress) -> None:
+    def _train_or_fail(self, val_data: Iterable[Any] | None, bar: Progress) -> None:
         """Train; on an error, tell the run's end while a SIGTERM still waits for it."""
         preemption = self.stops.preemption
         assert preemption is not None
         try:
-            self._train(val_data, manager, bar)
+            self._train(val_data, bar)
         except Exception as error:
             if preemption.requested and self.stops.phase is Phase.FETCHING:
                 self._end_preempted(bar)  # its workers got the SIGTERM too
@@ -327,26 +306,21 @@ class _Trainer:
             return
         if _out_of_memory(error):
             self.callbacks.tell("on_event", "out_of_memory", _first_line(error))
-        self._record_last_save()
+        self.checkpoints.report_last()
         if isinstance(error, KeyboardInterrupt):
             self._tell_end(*self._interrupted(error))
         else:
             self._tell_end(FAILED, _first_line(error))
-
-    def _record_last_save(self) -> None:
-        """Wait for a save still being written, and record it before the run's end."""
-        if self.saver is not None:
-            with contextlib.suppress(Exception):
-                self._report_checkpoint(self.saver.wait())
 
     def _interrupted(self, error: KeyboardInterrupt) -> tuple[str, str]:
         """How an interrupt ended the run: paused where a checkpoint holds the step it
         stopped at (or none was asked for); failed where it stopped at once (a second
         interrupt) before saving that step, saying which checkpoint a rerun continues
         from (only the first rank saves; the last save is recorded by then)."""
-        if isinstance(error, FitInterrupted) or self.saver is None or not self.main:
+        saver = self.checkpoints.saver
+        if isinstance(error, FitInterrupted) or saver is None or not self.main:
             return PAUSED, _first_line(error)
-        newest = self.saver.newest
+        newest = saver.newest
         if newest is not None and newest.step == self.step:
             return PAUSED, _first_line(error)
         where = (f"the newest checkpoint is step {newest.step}: rerunning continues from it"
@@ -363,40 +337,40 @@ class _Trainer:
         if self.dist is not None:
             if self.main:
                 keep_machine("it does not apply inside launch, whose ranks share the machine")
-        elif self.saver is not None:
-            release_when_safe(self.saver, self.step)
+        elif self.checkpoints.saver is not None:
+            release_when_safe(self.checkpoints.saver, self.step)
 
-    def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
+    def _train(self, val_data: Iterable[Any] | None, bar: Progress) -> None:
+        checkpoints = self.checkpoints
+        keeps_best = checkpoints.manager is not None and checkpoints.manager.keep_best is not None
         if self.stops.vote is None and self.stops.interrupted:
-            self._pause(manager, bar)  # Stop pressed as the run started: no step taken
+            self._pause(bar)  # Stop pressed as the run started: no step taken
         # A stop is noted before the step's or the epoch's save, which then holds it: a
         # rerun resumed from that save finds the run complete.
         while not self._finished():
             started = time.monotonic()
             for _ in self._epoch_steps(bar):
                 self._note_stop(bar)
-                self._between_steps(manager, bar)
+                self._between_steps(bar)
                 if self._finished():
                     break
             else:
                 self._end_epoch(val_data, time.monotonic() - started, bar)
                 self._note_stop(bar)
-                if manager is not None and (manager.keep_best is not None
-                                            or self._checkpoint_due()):
-                    self._save(manager, blocking="auto")
-                self._pause_if_interrupted(manager, bar)
+                if keeps_best or checkpoints.due():
+                    checkpoints.save(blocking="auto")
+                self._pause_if_interrupted(bar)
         self._log(bar)
-        if manager is not None:
-            self._save_last(manager, bar)
+        checkpoints.save_last(bar)
 
-    def _between_steps(self, manager: Any, bar: Progress) -> None:
+    def _between_steps(self, bar: Progress) -> None:
         # A save due at an epoch's last step waits for the epoch's end, a moment later,
         # where it is taken with the epoch's metrics (and is not taken twice).
-        if manager is not None and self._checkpoint_due() and not self.data.at_epoch_end():
-            self._save(manager, blocking="auto")
+        if self.checkpoints.due() and not self.data.at_epoch_end():
+            self.checkpoints.save(blocking="auto")
         if self.main:
-            self._auto_checkpoint(bar)
-        self._pause_if_interrupted(manager, bar)
+            self.checkpoints.auto_checkpoint(bar)
+        self._pause_if_interrupted(bar)
 
     def _epoch_steps(self, bar: Progress) -> Iterator[None]:
         """Train through the rest of the current epoch, yielding after each optimizer step.
@@ -446,9 +420,16 @@ class _Trainer:
                 "step": self.step, "epoch": self.data.epoch, "loss": None, "lr": self.runner.lr(),
                 "steps_per_s": None, "samples_per_s": None})
 
-    def _read_losses(self) -> None:
+    def restore(self, history: dict[str, Any], info: CheckpointInfo) -> None:
+        """Take up where checkpoint ``info`` stands: its history, step and data seed."""
+        self.history.restore(history)
+        self.window = list(history.get("loss_window", []))
+        self.step = info.step
+        self.seed = (info.data_position or {}).get("seed", self.seed)
+
+    def read_losses(self) -> None:
         """Bring the step losses to the host and stop the run at a NaN or infinite one."""
-        self._window += self.runner.read_losses(self.step, self.data.epoch)
+        self.window += self.runner.read_losses(self.step, self.data.epoch)
 
     def _log(self, bar: Progress) -> dict[str, Any] | None:
         """Report the mean loss of the steps since the last row, as a row of the history.
@@ -458,8 +439,8 @@ class _Trainer:
         """
         import torch
 
-        self._read_losses()
-        window, self._window = self._window, []
+        self.read_losses()
+        window, self.window = self.window, []
         if not window:
             return None
         mean = float(torch.tensor(window, dtype=torch.float32).mean())
@@ -468,7 +449,7 @@ class _Trainer:
         bar.advance(len(window), loss=mean, lr=row["lr"])
         told = {**row, **self._pace()}
         self.callbacks.row(self.step, told)
-        self._report_written_save()
+        self.checkpoints.report_written()
         return told
 
     def _pace(self) -> dict[str, float | None]:
@@ -526,8 +507,9 @@ class _Trainer:
         """The metrics that keep_best and EarlyStopping rank epochs by."""
         metrics = {callback.metric for callback in self.callbacks.user
                    if isinstance(callback, EarlyStopping)}
-        if self.manager is not None and self.manager.keep_best is not None:
-            metrics.add(self.manager.keep_best[0])
+        manager = self.checkpoints.manager
+        if manager is not None and manager.keep_best is not None:
+            metrics.add(manager.keep_best[0])
         return metrics
 
     # -- bounds, stops and checkpoints ----------------------------------------------------
@@ -546,7 +528,7 @@ class _Trainer:
             bar.say(f"ipycloud.fit: {self.history.stopped}")
             self.callbacks.tell("on_event", "early_stop", self.history.stopped)
 
-    def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
+    def _pause_if_interrupted(self, bar: Progress) -> None:
         """After an interrupt: save where the run stands, say so, and stop the cell; after
         a SIGTERM, save and let the process end. In a process group the ranks first agree
         (a step late) on whether any of them got either, and stop together."""
@@ -556,16 +538,16 @@ class _Trainer:
         kind, asker = stop
         if kind == SIGTERM:
             self._end_preempted(bar, asker)
-        self._pause(manager, bar)
+        self._pause(bar)
 
-    def _pause(self, manager: Any, bar: Progress) -> None:
+    def _pause(self, bar: Progress) -> None:
         """Save where the run stands, say so, and stop the cell (FitInterrupted)."""
-        self._read_losses()
-        if manager is None:
+        self.read_losses()
+        if self.checkpoints.manager is None:
             line = (f"ipycloud.fit: interrupted at step {self.step}; no checkpoint= was given, "
                     "so rerunning this cell starts over (the model keeps what it learned)")
         else:
-            self._save_last(manager, bar)
+            self.checkpoints.save_last(bar)
             line = f"ipycloud.fit: interrupted at step {self.step}; rerun this cell to continue"
         self.callbacks.tell("on_event", "pause", line)
         bar.close()
@@ -587,7 +569,7 @@ class _Trainer:
         """At a step boundary after a SIGTERM (to rank ``asker`` of the group, if not to
         this process): save, say so, and let the signal end the process; a rank that did
         not get the signal raises GroupStopped."""
-        self._read_losses()
+        self.read_losses()
         line = self._say_preempted(bar, rng_states=None, asker=asker)
         self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
         preemption = self.stops.preemption
@@ -605,11 +587,11 @@ class _Trainer:
         news = f"SIGTERM{who} at step {self.step}: the machine is going away"
         bar.say(f"ipycloud.fit: {news}")
         self.callbacks.tell("on_event", "sigterm", news)
-        if self.manager is None:
+        if self.checkpoints.manager is None:
             line = (f"ipycloud.fit: stopped at step {self.step}; no checkpoint= was given, so "
                     "the run is lost with the process")
         else:
-            self._save_last(self.manager, bar, rng_states=rng_states,
+            self.checkpoints.save_last(bar, rng_states=rng_states,
                             copy_wait_s=PREEMPTED_COPY_WAIT_S)
             line = f"ipycloud.fit: saved step {self.step}; rerun this cell to continue"
         bar.close()
@@ -625,115 +607,14 @@ class _Trainer:
             return None
         return self.plan.epochs * -(-per_epoch // self.plan.grad_accum)  # a last, short step
 
-    def _checkpoint_due(self) -> bool:
-        saved_step = self._saved_at[0] if self._saved_at else 0
-        seconds, steps = self.plan.checkpoint_every
-        if steps is not None:
-            return self.step - saved_step >= steps
-        return seconds is not None and time.monotonic() - self._last_save >= seconds
-
-    def _position(self) -> tuple[int, int]:
+    def position(self) -> tuple[int, int]:
         return self.step, self.data.epoch
 
-    def _state(self) -> dict[str, Any]:
-        history = {**self.history.to_state(), "loss_window": list(self._window)}
-        xla = self.runner.xla
-        state: dict[str, Any] = {"model": OnCpu(self.raw_model) if xla else self.raw_model,
-                                 "optimizer": OnCpu(self.optimizer) if xla else self.optimizer,
-                                 "history": history}
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler
-        if self.runner.scaler is not None:
-            state["scaler"] = self.runner.scaler
-        return state
-
-    def _epoch_metrics(self) -> dict[str, float] | None:
-        """The last epoch's metrics, for a checkpoint taken right at that epoch's end."""
-        if self.data.batches or not self.history.epochs:
-            return None
-        logs = self.history.epochs[-1]
-        if logs["epoch"] != self.data.epoch - 1:
-            return None
-        return {key: value for key, value in logs.items()
-                if isinstance(value, float) and key != "seconds"}
-
-    def _save(self, manager: Any, blocking: bool | Literal["auto"],
-              rng_states: dict[str, Any] | None = None) -> None:
-        """Save now; ``"auto"`` writes in the background where that costs the loop less.
-
-        A failing folder never ends the run: the saver writes around it (``resilient``).
-        ``rng_states``: the generators' states to record, if not as they are now.
-        """
-        self._read_losses()  # never checkpoint a NaN unseen (every rank checks)
-        self._saved_at, self._last_save = self._position(), time.monotonic()
-        if not self.main or self.saver is None:
-            return
-        phase = self.stops.enter(Phase.SAVING)
-        try:
-            self._report_checkpoint(self.saver.wait())  # the previous, in the background
-            self.saver.save(self._state(), self.step, epoch=self.data.epoch,
-                            data_position=self.data.position(),
-                            metrics=self._epoch_metrics(), blocking=blocking,
-                            rng_states=rng_states)
-            if blocking is True:
-                self._report_checkpoint(self.saver.wait())
-            self._unreported = blocking is not True
-        finally:
-            self.stops.enter(phase)
-
-    def _report_written_save(self) -> None:
-        """Tell of a save written in the background since, without waiting for one still
-        being written (the next save would tell of it, minutes later)."""
-        if self._unreported and self.saver is not None and not self.manager.writing:
-            self._unreported = False
-            self._report_checkpoint(self.saver.wait())
-
-    def _save_last(self, manager: Any, bar: Progress,
-                   rng_states: dict[str, Any] | None = None,
-                   copy_wait_s: float = FINAL_COPY_WAIT_S) -> None:
-        """Save where the run stands unless that is saved (a background save that failed
-        is saved again), then say where the newest checkpoint is. CheckpointError when no
-        checkpoint of the run exists anywhere."""
-        if self._saved_at != self._position():
-            self._save(manager, blocking=True, rng_states=rng_states)
-        elif self.main and self.saver is not None:
-            self._report_checkpoint(self.saver.wait())
-            if self.saver.lost is not None:
-                self._save(manager, blocking=True, rng_states=rng_states)
-        if not self.main or self.saver is None:
-            return
-        where = self.saver.finish(copy_wait_s)
-        if where is not None:
-            bar.say(f"ipycloud.fit: {where}")
-        elif self._resumed_from is None:
-            raise CheckpointError(f"no checkpoint of this run could be saved, in "
-                                  f"{manager.directory} or in its fallback folder "
-                                  f"{manager.fallback}: the trained model is only in memory")
-
-    def _auto_checkpoint(self, bar: Progress) -> None:
-        """Save the ``%checkpoint auto`` objects when due: between steps their state is whole.
-
-        Checks ``due()`` first so that the losses are read (and a NaN stops the run) before
-        a save, never on the other steps.
-        """
-        registration = auto.registered()
-        if registration is None or not registration.due():
-            return
-        self._read_losses()
-        bar.say(f"ipycloud: automatic {registration.save_now().summary()}")
-
-    def _report_checkpoint(self, info: Any) -> None:
-        if info is None or info.name == self._reported_checkpoint:
-            return
-        self._reported_checkpoint = info.name
-        if self._resumed_from != (info.name, info.directory):  # one this call wrote
-            self.callbacks.tell("on_checkpoint", info)
-
-    def _run_start(self, manager: Any, curves: bool) -> RunStart:
-        plan = self.plan
-        watched = self._watched(manager)
+    def _run_start(self, curves: bool) -> RunStart:
+        plan, manager = self.plan, self.checkpoints.manager
+        watched = self._watched()
         return RunStart(
-            run=self._run_id(manager),
+            run=self.checkpoints.run_id(),
             folder=manager.directory if manager is not None else None, step=self.step,
             epoch=self.data.epoch, total_steps=self._total_steps(), epochs=plan.epochs,
             max_steps=plan.max_steps, main=self.main, curves=curves and self.main,
@@ -747,109 +628,24 @@ class _Trainer:
                      "world_size": self._rank_and_world()[1],
                      "watch": watched and {"metric": watched[0], "mode": watched[1]}})
 
-    def _run_id(self, manager: Any) -> str | None:
-        """The id of the run the checkpoints go to, where this process writes them."""
-        if manager is None or not self.main:
-            return None
-        try:
-            return str(manager.run_id())
-        except CheckpointStorageError:  # the folder fails: its record goes under a new id
-            return None
-
-    def _watched(self, manager: Any) -> tuple[str, str] | None:
+    def _watched(self) -> tuple[str, str] | None:
         """The metric the run's best epoch is judged by, and whether lower is better: the
         checkpoint's keep_best, else early stopping's."""
+        manager = self.checkpoints.manager
         if manager is not None and manager.keep_best is not None:
             return manager.keep_best[0], manager.keep_best[1]
         stopping = next((callback for callback in self.callbacks.user
                          if isinstance(callback, EarlyStopping)), None)
         return None if stopping is None else (stopping.metric, stopping.mode)
 
-    def _storage_event(self, event: str, message: str) -> None:
-        """What the checkpoint saver tells of a failing folder, for the callbacks."""
-        self.callbacks.tell("on_event", event, message)
-
     def _tell_end(self, status: str, reason: str | None) -> None:
         if self._ended:  # a SIGTERM's end was told before its signal was delivered
             return
         self._ended = True
-        watched = self._watched(self.manager)
+        watched = self._watched()
         best = None if watched is None else best_epoch(self.history.epochs, *watched)
         self.callbacks.tell("on_end", RunEnd(status=status, reason=reason, step=self.step,
                                              epoch=self.data.epoch, best=best))
-
-    def _resume(self, manager: Any, resume: bool | str | int) -> Any:
-        """The checkpoint the run continues from, loaded; None to start afresh. In a
-        process group the first rank chooses and loads it, and the others load the one
-        it loaded: a rank that looked for itself could see another (one being written,
-        or the first rank's lease making the run look like another process's)."""
-        if self.dist is None or self.dist.world_size == 1:
-            return self._choose_and_load(manager, resume)
-        import torch.distributed as dist
-
-        chosen: list[Any] = [None]
-        info = None
-        if self.main:
-            try:
-                info = self._choose_and_load(manager, resume)
-                chosen[0] = None if info is None else info.name
-            except Exception as error:
-                chosen[0] = error
-        dist.broadcast_object_list(chosen, src=0)
-        if isinstance(chosen[0], Exception):
-            raise chosen[0]
-        if self.main or chosen[0] is None:
-            return info
-        return self._load_checkpoint(manager, chosen[0])
-
-    def _choose_and_load(self, manager: Any, resume: bool | str | int) -> Any:
-        which = self._choose_checkpoint(manager, resume)
-        return None if which is None else self._load_checkpoint(manager, which)
-
-    def _choose_checkpoint(self, manager: Any, resume: bool | str | int) -> Any:
-        """What ``resume`` asks to load from ``manager``'s folder, or None to start afresh."""
-        if resume is False:
-            return None
-        try:
-            saved = manager.list()
-        except CheckpointStorageError as error:
-            raise unreadable_at_start(manager.directory, error.__cause__ or error) from error
-        except CheckpointError:  # no folder yet
-            saved = []
-        if not saved:
-            if resume != "auto":
-                raise ValueError(f"nothing to resume from: no checkpoint in {manager.directory}")
-            return None
-        others = manager.live_writers()
-        if resume == "auto" and all(info.run in others for info in saved):
-            names = ", ".join(writer.describe() for writer in others.values())
-            self._notes.append(f"ipycloud.fit: starting afresh: the checkpoints in "
-                               f"{manager.directory} belong to a run that another live "
-                               f"process ({names}) writes")
-            return None
-        return "latest" if resume == "auto" or resume is True else resume
-
-    def _load_checkpoint(self, manager: Any, which: Any) -> Any:
-        """Load checkpoint ``which`` into the live objects and the run's position."""
-        scheduled = self.scheduler is not None
-        before = resuming.hyper_parameters(self.optimizer, scheduled)
-        state = self._state()
-        try:
-            info = manager.load(state, which=which, map_location="cpu")
-        except CheckpointMismatchError as error:
-            raise CheckpointError(f"cannot resume from {manager.directory}: {error.reason}; "
-                                  "pass resume=False to start afresh, or another "
-                                  "checkpoint= folder") from None
-        self.history.restore(state["history"])
-        self._window = list(state["history"].get("loss_window", []))
-        self._resumed_from = (info.name, info.directory)
-        if self.main and self.saver is not None:
-            self.saver.resumed(info)  # from the fallback folder: copied back
-        self._changed = resuming.changed_settings(
-            before, resuming.hyper_parameters(self.optimizer, scheduled))
-        self.step = info.step
-        self.seed = (info.data_position or {}).get("seed", self.seed)
-        return info
 
     def _rank_and_world(self) -> tuple[int, int]:
         return (self.dist.rank, self.dist.world_size) if self.dist is not None else (0, 1)
@@ -863,8 +659,8 @@ class _Trainer:
                    if self.runner.steps_on_metric and val_data is None else "")
         lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
                  f"{plan.precision.name} ({plan.precision.reason}){world}{plateau}"]
-        changed = resuming.taken_from_checkpoint_line(self._changed)
-        return self._notes + lines + ([changed] if changed else [])
+        changed = resuming.taken_from_checkpoint_line(self.checkpoints.changed)
+        return self.checkpoints.notes + lines + ([changed] if changed else [])
 
     def _complete_line(self, resumed: Any) -> str:
         how = f"{self.history.stopped}; " if self.history.stopped else ""
