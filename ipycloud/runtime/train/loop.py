@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import functools
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager
-from ipycloud.runtime.runs.best import best_epoch
 from ipycloud.runtime.runs.recorder import record_run
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.alerts import run_alerts
@@ -39,8 +37,6 @@ from ipycloud.runtime.train.callback import (
     STOPPED_EARLY,
     Callback,
     RunCallbacks,
-    RunEnd,
-    RunStart,
     check_callbacks,
     own_callbacks,
 )
@@ -52,23 +48,22 @@ from ipycloud.runtime.train.history import History
 from ipycloud.runtime.train.interrupt import (
     DeferredInterrupt,
     FitInterrupted,
-    GroupStopped,
     Preemption,
 )
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
+from ipycloud.runtime.train.run_events import RunEvents
 from ipycloud.runtime.train.step_runner import NonFiniteLossError, StepRunner
-from ipycloud.runtime.train.stop_control import STILL, Phase, StopControl
-from ipycloud.runtime.train.stop_vote import SIGTERM, StopVote
+from ipycloud.runtime.train.stop_control import Phase, StopControl
+from ipycloud.runtime.train.stop_vote import StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.workers import LoaderIterators
-from ipycloud.runtime.units import counted, finite_number
 
 __all__ = ["NonFiniteLossError", "fit"]  # the first raised by the step runner
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
-PREEMPTED_COPY_WAIT_S = 5.0  # at SIGTERM, how long the last copy back may take
+
 
 
 
@@ -212,12 +207,11 @@ class _Trainer:
         self.loaders = LoaderIterators()  # what the run reads, its workers ended after it
         self.window: list[float] = []  # step losses read since the last logged row
         self.checkpoints = RunCheckpoints(self, None)  # the run's, once it starts
-        self._bar = Progress(False)  # the run's, once it starts
-        self.stops = StopControl()  # the interrupt, the SIGTERM, the vote and the phase
-        self._ended = False  # whether the callbacks were told how the run ended
+        self.bar = Progress(False)  # the run's, once it starts
+        self.stops = StopControl(self)  # the interrupt, the SIGTERM, the vote and the phase
+        self.events = RunEvents(self)  # what the callbacks are told of the run as a whole
         self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
         self._settling = False  # whether DDP's buckets are settled before the first step
-        self._told_unranked: set[str] = set()  # metrics told of being NaN or infinite
 
     # -- the run --------------------------------------------------------------------------
 
@@ -226,18 +220,18 @@ class _Trainer:
             progress: bool | Literal["bar"]) -> History:
         checkpoints = self.checkpoints = RunCheckpoints(self, manager)
         resumed = checkpoints.resume(resume)
-        self.data = EpochData(train_data, self.seed, *self._rank_and_world(), self.loaders)
+        self.data = EpochData(train_data, self.seed, *self.rank_and_world(), self.loaders)
         if resumed is not None:
             self.data.resume(resumed.data_position or {})
             checkpoints.saved_at = self.position()
-            self._settling = rebuilds_buckets(self.model, self._rank_and_world()[1])
+            self._settling = rebuilds_buckets(self.model, self.rank_and_world()[1])
         if manager is not None:
             self.data.check_reproducible()
         if self.data.batches_per_epoch() == 0:
             raise ValueError("train_data is empty: it gave no batch")
         bar = Progress(bool(progress) and self.main)
         if self._finished():
-            bar.say(self._complete_line(resumed))
+            bar.say(self.events.complete_line(resumed))
             if (checkpoints.writes and checkpoints.saver is not None and manager is not None
                     and resumed is not None and resumed.directory != manager.directory):
                 bar.say(f"ipycloud.fit: {checkpoints.saver.finish()}")  # once copied back
@@ -247,10 +241,11 @@ class _Trainer:
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
                                    "(interrupt again to stop at once)") as self.stops.interrupt:
                 self._start(resumed, val_data, progress, bar)
-                with Preemption(self._save_on_sigterm, main=self.main) as self.stops.preemption:
+                stops = self.stops
+                with Preemption(stops.save_on_sigterm, main=self.main) as stops.preemption:
                     self._train_or_fail(val_data, bar)
         except BaseException as error:
-            self._fail(error)
+            self.events.fail(error)
             raise  # a vote still open is left: its peers may be gone
         finally:
             bar.close()
@@ -258,20 +253,20 @@ class _Trainer:
                 checkpoints.saver.listener = None
         if self.stops.vote is not None:
             self.stops.vote.close()
-        self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
-            else self._tell_end(FINISHED, None)
+        self.events.end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
+            else self.events.end(FINISHED, None)
         return self.history
 
     def _start(self, resumed: CheckpointInfo | None, val_data: Iterable[Any] | None,
                progress: bool | Literal["bar"], bar: Progress) -> None:
         """Say how the run starts, and start its record and callbacks."""
-        for line in self._first_lines(resumed, val_data):
+        for line in self.events.first_lines(resumed, val_data):
             bar.say(line)
-        bar.start(self._total_steps(), self.step)
-        self._bar = bar
+        bar.start(self.total_steps(), self.step)
+        self.bar = bar
         self.stops.captures_rng = self.checkpoints.writes
         self.stops.enter(Phase.STARTING)
-        start = self._run_start(curves=progress is True)
+        start = self.events.start_of(curves=progress is True)
         self.callbacks.join(own_callbacks(start, built_in=[record_run, run_alerts]))
         self.callbacks.tell("on_start", start)
         if resumed is not None:
@@ -291,46 +286,14 @@ class _Trainer:
             self._train(val_data, bar)
         except Exception as error:
             if preemption.requested and self.stops.phase is Phase.FETCHING:
-                self._end_preempted(bar)  # its workers got the SIGTERM too
+                self.stops.end_preempted(bar)  # its workers got the SIGTERM too
             # Still under Preemption: a SIGTERM now (torchrun sends one right after a
             # peer fails) waits until the end is told and the last save written, then
             # takes its course.
-            self._fail(error)
+            self.events.fail(error)
             if preemption.requested:
                 preemption.end()
             raise
-
-    def _fail(self, error: BaseException) -> None:
-        """Tell how the run ended, and let the last good checkpoint finish writing."""
-        if self.stops.enter(Phase.ENDING) is Phase.ENDING:
-            return
-        if _out_of_memory(error):
-            self.callbacks.tell("on_event", "out_of_memory", _first_line(error))
-        self.checkpoints.report_last()
-        if isinstance(error, KeyboardInterrupt):
-            self._tell_end(*self._interrupted(error))
-        else:
-            self._tell_end(FAILED, _first_line(error))
-
-    def _interrupted(self, error: KeyboardInterrupt) -> tuple[str, str]:
-        """How an interrupt ended the run: paused where a checkpoint holds the step it
-        stopped at (or none was asked for); failed where it stopped at once (a second
-        interrupt) before saving that step, saying which checkpoint a rerun continues
-        from (only the first rank saves; the last save is recorded by then)."""
-        saver = self.checkpoints.saver
-        if isinstance(error, FitInterrupted) or saver is None or not self.main:
-            return PAUSED, _first_line(error)
-        newest = saver.newest
-        if newest is not None and newest.step == self.step:
-            return PAUSED, _first_line(error)
-        where = (f"the newest checkpoint is step {newest.step}: rerunning continues from it"
-                 if newest is not None else
-                 "no checkpoint of this run was saved: rerunning starts over")
-        line = (f"ipycloud.fit: interrupted at step {self.step} and stopped at once, "
-                f"without saving it; {where}")
-        self._bar.close()
-        print(line, flush=True)
-        return FAILED, f"KeyboardInterrupt: {line}"
 
     def release(self) -> None:
         """Give the machine back after a run that ended well (``fit(release=True)``)."""
@@ -344,22 +307,22 @@ class _Trainer:
         checkpoints = self.checkpoints
         keeps_best = checkpoints.manager is not None and checkpoints.manager.keep_best is not None
         if self.stops.vote is None and self.stops.interrupted:
-            self._pause(bar)  # Stop pressed as the run started: no step taken
+            self.stops.pause(bar)  # Stop pressed as the run started: no step taken
         # A stop is noted before the step's or the epoch's save, which then holds it: a
         # rerun resumed from that save finds the run complete.
         while not self._finished():
             started = time.monotonic()
             for _ in self._epoch_steps(bar):
-                self._note_stop(bar)
+                self.events.note_stop(bar)
                 self._between_steps(bar)
                 if self._finished():
                     break
             else:
                 self._end_epoch(val_data, time.monotonic() - started, bar)
-                self._note_stop(bar)
+                self.events.note_stop(bar)
                 if keeps_best or checkpoints.due():
                     checkpoints.save(blocking="auto")
-                self._pause_if_interrupted(bar)
+                self.stops.pause_if_asked(bar)
         self._log(bar)
         checkpoints.save_last(bar)
 
@@ -370,7 +333,7 @@ class _Trainer:
             self.checkpoints.save(blocking="auto")
         if self.main:
             self.checkpoints.auto_checkpoint(bar)
-        self._pause_if_interrupted(bar)
+        self.stops.pause_if_asked(bar)
 
     def _epoch_steps(self, bar: Progress) -> Iterator[None]:
         """Train through the rest of the current epoch, yielding after each optimizer step.
@@ -461,7 +424,7 @@ class _Trainer:
             return {"steps_per_s": None, "samples_per_s": None}
         steps_per_s = (self.step - last_step) / (now - last_time)
         batch = self.data.batch_size
-        samples = batch * self.plan.grad_accum * self._rank_and_world()[1] if batch else None
+        samples = batch * self.plan.grad_accum * self.rank_and_world()[1] if batch else None
         return {"steps_per_s": steps_per_s,
                 "samples_per_s": steps_per_s * samples if samples else None}
 
@@ -487,30 +450,8 @@ class _Trainer:
             f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
             for key, value in logs.items() if key != "epoch"))
         self.callbacks.tell("on_epoch", epoch, dict(logs))
-        self._tell_unranked(logs)
+        self.events.unranked(logs)
         self.data.next_epoch()
-
-    def _tell_unranked(self, logs: dict[str, Any]) -> None:
-        """Warn, once a run for each, of a metric that keep_best or EarlyStopping watches
-        being NaN or infinite: it counts neither as the best nor as an improvement."""
-        for metric in self._ranking_metrics() - self._told_unranked:
-            value = logs.get(metric)
-            if isinstance(value, float) and not finite_number(value):
-                self._told_unranked.add(metric)
-                line = (f"ipycloud.fit: {metric} is {'NaN' if value != value else value} at "
-                        f"epoch {logs['epoch']}: a value that is not a finite number counts "
-                        "neither as the best (keep_best) nor as an improvement (EarlyStopping)")
-                warnings.warn(line, RuntimeWarning, stacklevel=2)
-                self.callbacks.tell("on_event", "metric_not_finite", line)
-
-    def _ranking_metrics(self) -> set[str]:
-        """The metrics that keep_best and EarlyStopping rank epochs by."""
-        metrics = {callback.metric for callback in self.callbacks.user
-                   if isinstance(callback, EarlyStopping)}
-        manager = self.checkpoints.manager
-        if manager is not None and manager.keep_best is not None:
-            metrics.add(manager.keep_best[0])
-        return metrics
 
     # -- bounds, stops and checkpoints ----------------------------------------------------
 
@@ -521,85 +462,9 @@ class _Trainer:
             return True
         return self.plan.epochs is not None and self.data.epoch >= self.plan.epochs
 
-    def _note_stop(self, bar: Progress) -> None:
-        reason = self.callbacks.stop_reason
-        if reason and not self.history.stopped:
-            self.history.stopped = f"{reason} (step {self.step})"
-            bar.say(f"ipycloud.fit: {self.history.stopped}")
-            self.callbacks.tell("on_event", "early_stop", self.history.stopped)
-
-    def _pause_if_interrupted(self, bar: Progress) -> None:
-        """After an interrupt: save where the run stands, say so, and stop the cell; after
-        a SIGTERM, save and let the process end. In a process group the ranks first agree
-        (a step late) on whether any of them got either, and stop together."""
-        stop = self.stops.agreed_stop()
-        if stop is None:
-            return
-        kind, asker = stop
-        if kind == SIGTERM:
-            self._end_preempted(bar, asker)
-        self._pause(bar)
-
-    def _pause(self, bar: Progress) -> None:
-        """Save where the run stands, say so, and stop the cell (FitInterrupted)."""
-        self.read_losses()
-        if self.checkpoints.manager is None:
-            line = (f"ipycloud.fit: interrupted at step {self.step}; no checkpoint= was given, "
-                    "so rerunning this cell starts over (the model keeps what it learned)")
-        else:
-            self.checkpoints.save_last(bar)
-            line = f"ipycloud.fit: interrupted at step {self.step}; rerun this cell to continue"
-        self.callbacks.tell("on_event", "pause", line)
-        bar.close()
-        print(line, flush=True)
-        raise FitInterrupted(line)
-
     # -- SIGTERM ----------------------------------------------------------------------------
 
-    def _save_on_sigterm(self) -> bool:
-        """From the SIGTERM handler: where the live state is the last finished step's,
-        save it now and return True; otherwise False, and the next step boundary saves."""
-        if self.stops.phase not in STILL:
-            return False
-        line = self._say_preempted(self._bar, rng_states=self.stops.rng_states)
-        self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
-        return True
-
-    def _end_preempted(self, bar: Progress, asker: int | None = None) -> None:
-        """At a step boundary after a SIGTERM (to rank ``asker`` of the group, if not to
-        this process): save, say so, and let the signal end the process; a rank that did
-        not get the signal raises GroupStopped."""
-        self.read_losses()
-        line = self._say_preempted(bar, rng_states=None, asker=asker)
-        self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
-        preemption = self.stops.preemption
-        assert preemption is not None
-        if not preemption.requested:
-            raise GroupStopped(f"{line} (rank {asker} got SIGTERM; this rank ends so that "
-                               "the group can restart without it)")
-        preemption.end()
-        raise KeyboardInterrupt(line)  # the signal's handler let the process live
-
-    def _say_preempted(self, bar: Progress, rng_states: dict[str, Any] | None,
-                       asker: int | None = None) -> str:
-        """Save where the run stands (the generators at ``rng_states``) and say so."""
-        who = "" if asker is None else f" to rank {asker}"
-        news = f"SIGTERM{who} at step {self.step}: the machine is going away"
-        bar.say(f"ipycloud.fit: {news}")
-        self.callbacks.tell("on_event", "sigterm", news)
-        if self.checkpoints.manager is None:
-            line = (f"ipycloud.fit: stopped at step {self.step}; no checkpoint= was given, so "
-                    "the run is lost with the process")
-        else:
-            self.checkpoints.save_last(bar, rng_states=rng_states,
-                            copy_wait_s=PREEMPTED_COPY_WAIT_S)
-            line = f"ipycloud.fit: saved step {self.step}; rerun this cell to continue"
-        bar.close()
-        if self.main:
-            print(line, flush=True)
-        return line
-
-    def _total_steps(self) -> int | None:
+    def total_steps(self) -> int | None:
         if self.plan.max_steps is not None:
             return self.plan.max_steps
         per_epoch = self.data.batches_per_epoch()
@@ -610,63 +475,9 @@ class _Trainer:
     def position(self) -> tuple[int, int]:
         return self.step, self.data.epoch
 
-    def _run_start(self, curves: bool) -> RunStart:
-        plan, manager = self.plan, self.checkpoints.manager
-        watched = self._watched()
-        return RunStart(
-            run=self.checkpoints.run_id(),
-            folder=manager.directory if manager is not None else None, step=self.step,
-            epoch=self.data.epoch, total_steps=self._total_steps(), epochs=plan.epochs,
-            max_steps=plan.max_steps, main=self.main, curves=curves and self.main,
-            past_steps=tuple(self.history.steps), past_epochs=tuple(self.history.epochs),
-            details={"device": str(self.device), "precision": plan.precision.name,
-                     "model": type(self.raw_model).__name__,
-                     "parameters": sum(p.numel() for p in self.raw_model.parameters()),
-                     "optimizer": type(self.optimizer).__name__,
-                     "batch_size": self.data.batch_size,
-                     "grad_accum": plan.grad_accum,
-                     "world_size": self._rank_and_world()[1],
-                     "watch": watched and {"metric": watched[0], "mode": watched[1]}})
-
-    def _watched(self) -> tuple[str, str] | None:
-        """The metric the run's best epoch is judged by, and whether lower is better: the
-        checkpoint's keep_best, else early stopping's."""
-        manager = self.checkpoints.manager
-        if manager is not None and manager.keep_best is not None:
-            return manager.keep_best[0], manager.keep_best[1]
-        stopping = next((callback for callback in self.callbacks.user
-                         if isinstance(callback, EarlyStopping)), None)
-        return None if stopping is None else (stopping.metric, stopping.mode)
-
-    def _tell_end(self, status: str, reason: str | None) -> None:
-        if self._ended:  # a SIGTERM's end was told before its signal was delivered
-            return
-        self._ended = True
-        watched = self._watched()
-        best = None if watched is None else best_epoch(self.history.epochs, *watched)
-        self.callbacks.tell("on_end", RunEnd(status=status, reason=reason, step=self.step,
-                                             epoch=self.data.epoch, best=best))
-
-    def _rank_and_world(self) -> tuple[int, int]:
+    def rank_and_world(self) -> tuple[int, int]:
         return (self.dist.rank, self.dist.world_size) if self.dist is not None else (0, 1)
 
-    def _first_lines(self, resumed: Any, val_data: Any) -> list[str]:
-        plan = self.plan
-        where = (f"resuming from {resumed.name} (step {resumed.step}, epoch "
-                 f"{self.data.epoch}, batch {self.data.batches})" if resumed else "starting")
-        world = f", {counted(self.dist.world_size, 'process', 'processes')}" if self.dist else ""
-        plateau = (", ReduceLROnPlateau steps on train_loss (no val_data)"
-                   if self.runner.steps_on_metric and val_data is None else "")
-        lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
-                 f"{plan.precision.name} ({plan.precision.reason}){world}{plateau}"]
-        changed = resuming.taken_from_checkpoint_line(self.checkpoints.changed)
-        return self.checkpoints.notes + lines + ([changed] if changed else [])
-
-    def _complete_line(self, resumed: Any) -> str:
-        how = f"{self.history.stopped}; " if self.history.stopped else ""
-        return (f"ipycloud.fit: already complete at step {self.step} (epoch {self.data.epoch}) "
-                f"in {resumed.name}: {how}returning its history (pass resume=False to train "
-                "again)")
 
 
 _END = object()  # the end of an epoch's batches
@@ -682,18 +493,4 @@ def _groups(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
             group = []
     if group:
         yield group
-
-
-def _first_line(error: BaseException) -> str:
-    """``ValueError: the first line of its message``."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def _out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is the accelerator (or the host) running out of memory."""
-    import torch
-
-    return (isinstance(error, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError))
-            or (isinstance(error, RuntimeError) and "out of memory" in str(error).lower()))
 
