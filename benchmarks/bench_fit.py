@@ -67,6 +67,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.loop import fit
 
 RESULTS = Path(__file__).parent / "results" / "fit.json"
@@ -350,10 +351,10 @@ def resume_cost() -> dict[str, float]:
         load_s = _timed(lambda: manager.load({"model": model, "optimizer": optimizer,
                                                "history": {}}))
 
-        class FirstStep:
+        class FirstStep(Callback):
             at: float | None = None
 
-            def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+            def on_step(self, step: int, logs: dict[str, Any]) -> None:
                 FirstStep.at = FirstStep.at or time.perf_counter()
 
         started = time.perf_counter()

@@ -29,6 +29,8 @@ from typing import Any
 
 import psutil
 
+from ipycloud.runtime.train.callback import Callback
+
 _timeline: Path | None = None
 
 
@@ -42,10 +44,10 @@ def mark(what: str, at: float | None = None, **fields: Any) -> None:
         file.write(json.dumps(line) + "\n")
 
 
-class StepMarks:
+class StepMarks(Callback):
     """fit's callback: a ``step`` mark after each optimizer step."""
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         mark("step", step=step)
 
 
@@ -72,7 +74,7 @@ def train(folder: str, every: int, case_name: str) -> None:
     loop.settle_buckets = settle_and_mark  # type: ignore[assignment]
     mark("fit")
     ipycloud.fit(model, optimizer, data, epochs=10_000, device="cpu", precision="fp32",
-                 progress=False, seed=11, checkpoint=folder, checkpoint_every=every,
+                 progress=False, seed=11, checkpoint=folder, checkpoint_every_steps=every,
                  callbacks=[StepMarks()])
 
 

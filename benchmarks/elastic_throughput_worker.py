@@ -39,13 +39,14 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import ipycloud
 from ipycloud.runtime.train import loop, stop_vote
+from ipycloud.runtime.train.callback import Callback
 
 WARM_UP_STEPS = 20
 LOG_EVERY = 10  # steps between reads of the loss, in every loop (fit's default)
 SEED = 0
 
 
-class Run:
+class Run(Callback):
     """The times of one run: its start and each step's end (wall-clock and this process's
     CPU time), and the time each vote took."""
 
@@ -59,7 +60,7 @@ class Run:
         self.step_ends.append(time.perf_counter())
         self.cpu_step_ends.append(time.process_time())
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:  # as fit's callback
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:  # as fit's callback
         self.step_ended()
 
     def as_record(self) -> dict[str, Any]:

@@ -34,15 +34,15 @@ from figures import machine, write_results
 from jupyter_client.manager import KernelManager
 
 from ipycloud.notebook.curves import LiveCurves
+from ipycloud.runtime.train.callback import RunStart
 from ipycloud.runtime.train.curves import MAX_POINTS, TrainingCurves
-from ipycloud.runtime.train.followers import RunStart
 
 RESULTS = Path(__file__).parent / "results" / "live_curves.json"
 ROOT = Path(__file__).parent.parent
 GOAL = 0.99
 STEPS = 3000
 ROUNDS, QUICK_ROUNDS = 9, 3
-LOG_EVERY = 10  # fit's default: one row to the followers every 10 steps
+LOG_EVERY = 10  # fit's default: one row to the callbacks every 10 steps
 
 SETUP = f"""
 import json, sys, time, torch, ipycloud
@@ -160,16 +160,16 @@ def in_this_process(steps_per_s: float) -> dict[str, Any]:
     redraw_s = _median_s(curves.html, 50)
     html_bytes = len(curves.html().encode())
     follower = LiveCurves(_Nowhere(), clock=lambda: 0.0)  # drawn once, then never due
-    follower.started(RunStart(folder=None, step=0, epoch=0, total_steps=None, epochs=None,
+    follower.on_start(RunStart(folder=None, step=0, epoch=0, total_steps=None, epochs=None,
                               max_steps=None, main=True, curves=True))
     row = {"step": 1, "epoch": 0, "loss": 0.5, "lr": 1e-3, "steps_per_s": 800.0,
            "samples_per_s": 51200.0}
-    follower.stepped(row)
+    follower.on_step(1, row)
     rows = 20_000
 
     def follow_rows() -> None:
         for _ in range(rows):
-            follower.stepped(row)
+            follower.on_step(1, row)
 
     row_s = _median_s(follow_rows, 5) / rows
     share = redraw_s + row_s * steps_per_s / LOG_EVERY

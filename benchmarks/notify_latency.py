@@ -5,7 +5,7 @@ Goal: at most 5 s from the event to the receiver. A loopback HTTP receiver stand
 service (Apprise's ``json://127.0.0.1:PORT/...``); it notes ``time.perf_counter()`` when
 each request arrives. Measured: the first alert of the process (Apprise is imported then),
 ``ALERTS`` more through the process's notifier (its rate limit cleared before each), the
-``finished`` alert of a real ``fit`` (from the moment fit tells its followers that the run
+``finished`` alert of a real ``fit`` (from the moment fit tells its callbacks that the run
 ended) and, as the reference, the same message sent by Apprise directly on the calling
 thread. Run: ``python benchmarks/notify_latency.py``;
 results go to ``benchmarks/results/notify_latency.json``.
@@ -75,18 +75,18 @@ def from_fit(count: int) -> float:
     import torch
 
     import ipycloud
-    from ipycloud.runtime.train import followers
+    from ipycloud.runtime.train import callback
 
     ended: list[float] = []
 
-    class Clock:
-        def ended(self, end: Any) -> None:
+    class Clock(callback.Callback):
+        def on_end(self, end: Any) -> None:
             ended.append(time.perf_counter())
 
-    def clock(start: Any) -> Any:  # a follower told only the end
+    def clock(start: Any) -> Any:  # a callback told only the end
         return Clock()
 
-    followers.register_follower(clock)
+    callback.register_front(clock)
     ipycloud.runtime.notify.sender.notifier()._last.clear()  # no rate limit
     model = torch.nn.Linear(4, 2)
     data = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(4)]

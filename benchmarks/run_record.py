@@ -5,7 +5,7 @@ trained on the CPU with one thread, in fp32, with fit's default log_every=10), w
 run record costs at most 0.5% of a step.
 
 The cost is measured where it is paid: the time ``fit``'s thread spends in the recorder's
-calls during the steps (``stepped``, ``epoch_ended``, ``checkpointed``, ``happened``, each
+calls during the steps (``on_step``, ``on_epoch``, ``on_checkpoint``, ``on_event``, each
 call timed with ``perf_counter``) plus the CPU time of the record's own writing thread
 over the same lines (``thread_time``), as though that thread took all its time from the
 training; per step, against the mean step of the same run (the fit's wall-clock time over
@@ -48,7 +48,7 @@ ROUNDS, QUICK_ROUNDS = 7, 2
 GOAL_SHARE_OF_STEP = 0.005
 
 
-PER_RUN = ("started", "ended")  # the recorder's calls made once a run
+PER_RUN = ("on_start", "on_end")  # the recorder's calls made once a run
 
 
 class CountedAppender(Appender):

@@ -100,6 +100,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from ipycloud.runtime.train.callback import Callback
+
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path.insert(0, str(TESTS))
 
@@ -185,7 +187,7 @@ def train(folder: Path | None, callbacks: list[Any]) -> dict[str, Any]:
     model, optimizer = build()
     train_data, val_data = loaders()
     fit(model, optimizer, train_data, epochs=EPOCHS, val_data=val_data, device="cpu",
-        checkpoint=folder, checkpoint_every=EVERY, seed=7, callbacks=callbacks)
+        checkpoint=folder, checkpoint_every_steps=EVERY, seed=7, callbacks=callbacks)
     return copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
 
 
@@ -318,7 +320,7 @@ def manifests(folder: Path) -> list[dict[str, Any]]:
     return found
 
 
-class Watcher:
+class Watcher(Callback):
     """Every checkpoint the run commits, where it lies, and how far the folder is behind;
     a callback of ``fit`` that scans after every optimizer step."""
 
@@ -365,7 +367,7 @@ class Watcher:
         elif self.saved_after_heal():
             self.catching_up.append(self.behind())
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         self.steps += 1
         self.sample()
 
@@ -814,7 +816,7 @@ def main() -> None:
     results: dict[str, Any] = {"settings": {
         "runs_per_kind": args.runs, "seed": args.seed, "never_healed": NEVER_HEALED,
         "baseline_every": BASELINE_EVERY, "hang_s": HANG_S, "full_disk": FULL_DISK,
-        "steps_per_epoch": STEPS_PER_EPOCH, "epochs": EPOCHS, "checkpoint_every": EVERY,
+        "steps_per_epoch": STEPS_PER_EPOCH, "epochs": EPOCHS, "checkpoint_every_steps": EVERY,
         "batch": BATCH, "operations": {kind: sorted(ops) if ops else "all"
                                        for kind, ops in OPERATIONS.items()}},
         "kinds": {}}

@@ -23,8 +23,11 @@ _LAZY_ATTRIBUTES = {
     "detect_platform": "ipycloud.runtime.machine.platform",
     "fit": "ipycloud.runtime.train.loop",
     "FitInterrupted": "ipycloud.runtime.train.interrupt",
-    "NonFiniteLossError": "ipycloud.runtime.train.loop",
+    "NonFiniteLossError": "ipycloud.runtime.train.step_runner",
     "loader": "ipycloud.runtime.train.data",
+    "Callback": "ipycloud.runtime.train.callback",
+    "StopTraining": "ipycloud.runtime.train.callback",
+    "EarlyStopping": "ipycloud.runtime.train.early_stopping",
     "CheckpointManager": "ipycloud.runtime.checkpoint",
     "CheckpointError": "ipycloud.runtime.checkpoint",
     "CheckpointWarning": "ipycloud.runtime.checkpoint",
@@ -33,6 +36,7 @@ _LAZY_ATTRIBUTES = {
     "launch": "ipycloud.runtime.train.distributed",
     "run_under_torchrun": "ipycloud.runtime.train.distributed",
     "LaunchError": "ipycloud.runtime.train.launch_errors",
+    "ExportError": "ipycloud.runtime.cluster.options",
     "mount": "ipycloud.runtime.storage.mount",
     "download": "ipycloud.runtime.storage.download",
     "extract": "ipycloud.runtime.storage.extract",
@@ -48,8 +52,9 @@ _LAZY_ATTRIBUTES = {
 # Public namespaces, modules of this package imported on first access.
 _LAZY_SUBMODULES = {"cluster"}
 
-# Names that show more in a notebook: the first access loads the notebook front as well.
-_DRAWN_IN_NOTEBOOKS = {"fit"}
+# fit draws its live curves in a notebook however it is imported: the notebook front
+# registers itself with the runtime as the package loads (the runtime never imports it).
+importlib.import_module("ipycloud.notebook").follow_runs()
 
 __all__ = sorted(["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES, *_LAZY_SUBMODULES])
 
@@ -60,8 +65,6 @@ def __getattr__(name: str) -> Any:
     module = _LAZY_ATTRIBUTES.get(name)
     if module is None:
         raise AttributeError(f"module 'ipycloud' has no attribute {name!r}")
-    if name in _DRAWN_IN_NOTEBOOKS:
-        importlib.import_module("ipycloud.notebook").follow_runs()
     return getattr(importlib.import_module(module), name)
 
 

@@ -9,17 +9,19 @@ from typing import Any
 
 import torch
 
+from ipycloud.runtime.train.callback import Callback
+
 FORK = multiprocessing.get_context("fork")
 
 
-class At:
+class At(Callback):
     """A ``fit`` callback that does something after given steps (a mount dropping out, an
     interrupt)."""
 
     def __init__(self, actions: dict[int, Callable[[], object]]) -> None:
         self.actions = actions
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step in self.actions:
             self.actions[step]()
 

@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ipycloud
+from ipycloud.runtime.train.callback import Callback
 
 SAMPLES, FEATURES, PER_RANK_BATCH = 256, 6, 8
 
@@ -41,7 +42,7 @@ class Classifier(nn.Module):
         return self.net(inputs[:, :-1])
 
 
-class TrainedSamples:
+class TrainedSamples(Callback):
     """After each optimizer step: which samples this rank trained on, and when."""
 
     def __init__(self, model: Classifier, out: Path) -> None:
@@ -49,18 +50,18 @@ class TrainedSamples:
         self.rank = torch.distributed.get_rank()
         self.world = torch.distributed.get_world_size()
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         line = {"t": time.time(), "pid": os.getpid(), "rank": self.rank, "world": self.world,
                 "step": step, "epoch": logs["epoch"], "ids": self.model.ids}
         with open(self.path, "a") as file:
             file.write(json.dumps(line) + "\n")
 
 
-class Pace:
+class Pace(Callback):
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         time.sleep(self.seconds)
 
 
@@ -74,7 +75,7 @@ def train(folder: str, out: str, epochs: int, every: int, pace: float) -> None:
     model = Classifier()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     ipycloud.fit(model, optimizer, data, epochs=epochs, device="cpu", precision="fp32",
-                 progress=False, seed=11, checkpoint=folder, checkpoint_every=every,
+                 progress=False, seed=11, checkpoint=folder, checkpoint_every_steps=every,
                  callbacks=[TrainedSamples(model, Path(out)), Pace(pace)])
     if torch.distributed.get_rank() == 0:
         torch.save(model.state_dict(), Path(out) / "final.pt")

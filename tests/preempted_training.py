@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ipycloud.runtime.checkpoint import catalog
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.distributed import launch
 from ipycloud.runtime.train.loop import fit
 
@@ -62,24 +63,24 @@ class Noisy(Dataset):  # type: ignore[type-arg]
         return inputs, inputs[:3].argmax()
 
 
-class At:
+class At(Callback):
     """Sends this process SIGTERM after a given optimizer step."""
 
     def __init__(self, step: int | None) -> None:
         self.step = step
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-class InterruptSecondRank:
+class InterruptSecondRank(Callback):
     """Sends this process SIGINT after a given optimizer step, in the second rank only."""
 
     def __init__(self, step: int | None) -> None:
         self.step = step
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step == self.step and torch.distributed.get_rank() == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -97,7 +98,7 @@ class ValidationScore:
         return float((predictions.argmax(dim=1) == labels).float().mean())
 
 
-class Timeline:
+class Timeline(Callback):
     """Appends ``WHAT TIME`` to a file at each point the first process reaches (see the
     module); does nothing without a file."""
 
@@ -110,10 +111,10 @@ class Timeline:
             with open(self.path, "a") as timeline:
                 timeline.write(f"{what} {time.time()!r}\n")
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         self.note(f"step {step}")
 
-    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+    def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         self.note(f"epoch {epoch}")
 
 
@@ -135,7 +136,7 @@ def train(folder: str, out: str, when: str | None, workers: int,
     timeline = Timeline(timeline_file)
     timeline.note("fit")
     fit(model, optimizer, loader, epochs=EPOCHS, scheduler=scheduler, device="cpu",
-        checkpoint=folder, checkpoint_every=EVERY, seed=11, progress=False,
+        checkpoint=folder, checkpoint_every_steps=EVERY, seed=11, progress=False,
         val_data=DataLoader(Noisy(False, item_delay_s), batch_size=32),
         metrics={"score": ValidationScore(at if kind == "validation" else None)},
         callbacks=[At(at if kind == "step" else None),

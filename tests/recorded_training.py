@@ -3,7 +3,7 @@ told, for test_run_record_process.py to kill; one fresh interpreter per run::
 
     python tests/recorded_training.py FOLDER [--item-delay SECONDS]
 
-Prints ``logged STEP`` (flushed) as each row reaches the followers, and ``done`` when
+Prints ``logged STEP`` (flushed) as each row reaches the callbacks, and ``done`` when
 ``fit`` returns. ``--item-delay`` makes each item of the data take that long to load, so
 that the run lasts a while.
 """
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ipycloud.runtime.train.followers import register_follower
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.loop import fit
 
 SAMPLES, BATCH, EPOCHS = 64, 8, 12
@@ -37,11 +37,13 @@ class Slow(Dataset):  # type: ignore[type-arg]
         return self.inputs[index], self.inputs[index, :3].argmax()
 
 
-class Saying:
-    """Says each logged row as the followers hear of it."""
+class Saying(Callback):
+    """Says each logged row as the run's callbacks hear of it."""
 
-    def stepped(self, row: dict[str, Any]) -> None:
-        print(f"logged {row['step']}", flush=True)
+    every_step = False
+
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
+        print(f"logged {step}", flush=True)
 
 
 def main() -> None:
@@ -49,13 +51,12 @@ def main() -> None:
     parser.add_argument("folder")
     parser.add_argument("--item-delay", type=float, default=0.0)
     args = parser.parse_args()
-    register_follower(lambda start: Saying())
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1),
         DataLoader(Slow(args.item_delay), batch_size=BATCH, shuffle=True), epochs=EPOCHS,
-        device="cpu", checkpoint=args.folder, checkpoint_every=5, log_every=1, seed=1,
-        progress=False)
+        device="cpu", checkpoint=args.folder, checkpoint_every_steps=5, log_every=1, seed=1,
+        progress=False, callbacks=[Saying()])
     print("done", flush=True)
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.distributed import run_under_torchrun
 from ipycloud.runtime.train.loop import fit
 
@@ -37,11 +38,11 @@ def wait_for_file(path: Path) -> None:
         time.sleep(0.05)
 
 
-class KillRankOne:
+class KillRankOne(Callback):
     def __init__(self, signals: Path) -> None:
         self.signals = signals
 
-    def on_step_end(self, step: int, logs: dict[str, object]) -> None:
+    def on_step(self, step: int, logs: dict[str, object]) -> None:
         if step == KILLED_AT and os.environ["RANK"] == "1":
             wait_for_file(self.signals / "kill")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -57,7 +58,7 @@ def train(folder: str, signals: Path) -> None:
                       shuffle=True)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=3, device="cpu",
-        checkpoint=folder, checkpoint_every=10, log_every=2, seed=1, progress=False,
+        checkpoint=folder, checkpoint_every_steps=10, log_every=2, seed=1, progress=False,
         callbacks=[KillRankOne(signals)] if first_try else [])
 
 

@@ -28,6 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import ipycloud
+from ipycloud.runtime.train.callback import Callback
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 
 SAMPLES, FEATURES, BATCH, EPOCHS = 32, 6, 8, 3  # 12 steps; 6 under launch and torchrun
 END_AT = 3  # the step at which the run is made to end
@@ -87,7 +89,7 @@ def train_data(kind: str) -> Any:
     return DataLoader(data, batch_size=BATCH, shuffle=True, **options[kind])
 
 
-class EndAt:
+class EndAt(Callback):
     """At step END_AT of a run whose end is armed, once a checkpoint of the run is
     committed (a background save may take a while) and the run is on record: end it as
     ``end`` says, or, for an end the driver brings (a signal), say so and wait for the
@@ -96,7 +98,7 @@ class EndAt:
     def __init__(self, end: str, model: Model, signals: Path, checkpoint: Path) -> None:
         self.end, self.model, self.signals, self.checkpoint = end, model, signals, checkpoint
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step != END_AT or self.end == "finishes":
             return
         _wait_for(lambda: any(self.checkpoint.glob("step-*.json")))
@@ -188,11 +190,12 @@ def train(spec: dict[str, Any]) -> None:
     model = Model()
     end = spec["end"] if spec["armed"] else "finishes"
     validation: dict[str, Any] = {}
+    callbacks: list[Callback] = [EndAt(end, model, signals, Path(spec["checkpoint"]))]
     if spec["end"] in ("early stop", "NaN metric"):
         validation["val_data"] = train_data("list of batches")[:2]
         validation["metrics"] = {"score": flat if spec["end"] == "early stop" else undefined}
     if spec["end"] == "early stop":
-        validation["early_stop"] = ("val_score", 1, "min")
+        callbacks.append(EarlyStopping("val_score", patience=1, mode="min"))
     data = train_data(spec["data"])
     if torch.distributed.is_initialized():
         torch.distributed.barrier()  # the group's connections are made: they are not fit's
@@ -201,11 +204,10 @@ def train(spec: dict[str, Any]) -> None:
     try:
         ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=EPOCHS,
                      loss_fn=nn.functional.cross_entropy, device="cpu", precision="fp32",
-                     checkpoint=spec["checkpoint"], checkpoint_every=CHECKPOINT_EVERY,
+                     checkpoint=spec["checkpoint"], checkpoint_every_steps=CHECKPOINT_EVERY,
                      log_every=2, progress=False, seed=1,
                      release=spec["end"] == "release=True",
-                     callbacks=[EndAt(end, model, signals, Path(spec["checkpoint"]))],
-                     **validation)
+                     callbacks=callbacks, **validation)
         failed = False
     finally:
         del data  # a spawned worker got its tensors in shared memory: the user's, not fit's

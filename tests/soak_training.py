@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.distributed import launch
 from ipycloud.runtime.train.loop import fit
 
@@ -89,14 +90,14 @@ def weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-class Reporter:
+class Reporter(Callback):
     """Reports every step (with a digest of the weights where asked) and every checkpoint
     that ``fit`` tells its callbacks about: written, complete, the last one in order."""
 
     def __init__(self, channel: Channel, model: nn.Module | None) -> None:
         self.channel, self.model = channel, model
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         digest = None if self.model is None else weights_digest(self.model)
         self.channel.report("step", step=step, digest=digest)
 
@@ -124,7 +125,7 @@ def _fit(training: Training, folder: Path, channel: Channel, result: Path | None
     loader = DataLoader(Augmented(), batch_size=BATCH, shuffle=True, **LOADERS[training.loader])
     manager = CheckpointManager(folder, background=SAVES[training.save])  # type: ignore[arg-type]
     fit(model, optimizer, loader, max_steps=training.steps, checkpoint=manager,
-        checkpoint_every=training.every, device="cpu", precision="fp32", progress=False,
+        checkpoint_every_steps=training.every, device="cpu", precision="fp32", progress=False,
         seed=training.seed, callbacks=[Reporter(channel, model if digests else None)]
         if main else [])
     if main and result is not None:

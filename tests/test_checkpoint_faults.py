@@ -43,7 +43,7 @@ def train(folder: Path | None, **options: Any) -> tuple[nn.Module, Any]:
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     history = fit(model, optimizer, data(), epochs=EPOCHS, checkpoint=folder,
-                  checkpoint_every=4, device="cpu", seed=3, **{"progress": False, **options})
+                  checkpoint_every_steps=4, device="cpu", seed=3, **{"progress": False, **options})
     return model, history
 
 

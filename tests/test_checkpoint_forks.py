@@ -181,7 +181,7 @@ def test_fit_with_workers_forked_each_epoch_and_background_saves_finishes(
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=2)
         history = ipycloud.fit(model, optimizer, loader, epochs=4, checkpoint=sys.argv[1],
-                               checkpoint_every=3, progress=False)
+                               checkpoint_every_steps=3, progress=False)
         print(len(history.epochs), ipycloud.CheckpointManager(sys.argv[1]).latest().step)
     """, str(tmp_path / "checkpoints"))
     assert result.returncode == 0, result.stderr

@@ -26,17 +26,18 @@ from waiting import wait_for
 
 from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.cluster import checkpoint_dir, export
+from ipycloud.runtime.train.callback import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY, PER_RANK_BATCH = 30, 5, 4
 RUN_TIMEOUT_S = 200.0  # one run; a test runs two
 
 
-class Slowly:
+class Slowly(Callback):
     """Sleeps after each step, so a worker can be killed mid-run (the results do not
     depend on it)."""
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         time.sleep(0.1)
 
 
@@ -57,7 +58,7 @@ def train_on_the_cluster(steps: int, per_rank_batch: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     ipycloud.fit(model, optimizer, DataLoader(data, batch_size=per_rank_batch, shuffle=True),
                  max_steps=steps, precision="fp32", device="cpu", progress=False, seed=11,
-                 checkpoint=str(folder), checkpoint_every=EVERY, callbacks=[Slowly()])
+                 checkpoint=str(folder), checkpoint_every_steps=EVERY, callbacks=[Slowly()])
     if torch.distributed.get_rank() == 0:
         torch.save(model.state_dict(), folder / "final.pt")
 

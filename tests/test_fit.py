@@ -16,7 +16,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager, auto
+from ipycloud.runtime.train.arguments import checkpoint_schedule
 from ipycloud.runtime.train.batches import to_device
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.data import loader
 from ipycloud.runtime.train.loop import NonFiniteLossError, fit
 
@@ -131,7 +133,7 @@ def test_a_nan_loss_stops_the_run_naming_the_steps_and_spares_the_checkpoints(
                                                  r"\(epoch 0\)"):
         fit(model, torch.optim.SGD(model.parameters(), lr=0.1), poisoned, epochs=1,
             precision="fp32", device="cpu", progress=False, checkpoint=tmp_path,
-            checkpoint_every=4)
+            checkpoint_every_steps=4)
     manager = CheckpointManager(tmp_path)
     assert [info.step for info in manager.list()] == [4, 8]  # NaN read at 10: nothing saved
     restored = mlp()
@@ -269,7 +271,7 @@ def test_resuming_mid_epoch_does_not_read_the_skipped_batches(tmp_path: Path) ->
     first = mlp()
     fit(first, torch.optim.SGD(first.parameters(), lr=0.1),
         DataLoader(data, batch_size=8, shuffle=True), max_steps=60, precision="fp32",
-        device="cpu", progress=False, checkpoint=tmp_path, checkpoint_every=60)
+        device="cpu", progress=False, checkpoint=tmp_path, checkpoint_every_steps=60)
     counting = CountingDataset(data)
     second = mlp()
     fit(second, torch.optim.SGD(second.parameters(), lr=0.1),
@@ -319,16 +321,16 @@ def test_a_killed_run_resumes_bit_for_bit_in_a_fresh_process(tmp_path: Path) -> 
 
 
 def test_callbacks_see_steps_epochs_and_checkpoints(tmp_path: Path) -> None:
-    class Recorder:
+    class Recorder(Callback):
         def __init__(self) -> None:
             self.calls: list[tuple[str, Any]] = []
 
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
             self.calls.append(("step", step))
             if logs["loss"] is not None:
                 self.calls.append(("loss", step))
 
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             self.calls.append(("epoch", epoch))
 
         def on_checkpoint(self, info: Any) -> None:
@@ -338,7 +340,7 @@ def test_callbacks_see_steps_epochs_and_checkpoints(tmp_path: Path) -> None:
     model = mlp()
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1),
         DataLoader(classification_data(160), batch_size=8), epochs=2, precision="fp32",
-        device="cpu", progress=False, checkpoint=tmp_path, checkpoint_every=15,
+        device="cpu", progress=False, checkpoint=tmp_path, checkpoint_every_steps=15,
         callbacks=[recorder])
     assert [call for call in recorder.calls if call[0] == "epoch"] == [("epoch", 0), ("epoch", 1)]
     assert [step for kind, step in recorder.calls if kind == "step"] == list(range(1, 41))
@@ -378,6 +380,17 @@ def test_the_loader_fits_this_machine() -> None:
         ({"grad_accum": 1.5}, ValueError, "grad_accum must be a positive integer"),
         ({"precision": "fp8"}, ValueError, "unknown precision 'fp8'"),
         ({"checkpoint_every": "soon"}, ValueError, "'soon' is not a duration"),
+        ({"checkpoint_every": True}, TypeError, "checkpoint_every is a duration such as '10m' "
+                                                "or a number of seconds, not True; to save every "
+                                                "N steps, pass checkpoint_every_steps=N"),
+        ({"checkpoint_every": 0}, TypeError, "checkpoint_every is a duration"),
+        ({"checkpoint_every": "10m", "checkpoint_every_steps": 5}, ValueError,
+         "give checkpoint_every (a duration) or checkpoint_every_steps (a number of steps), "
+         "not both"),
+        ({"checkpoint_every_steps": "5"}, ValueError, "checkpoint_every_steps must be a number "
+                                                      "of optimizer steps >= 1, not '5'"),
+        ({"clip_grad_norm": "1.0"}, ValueError, "clip_grad_norm must be a positive number"),
+        ({"seed": 1.5}, ValueError, "seed must be a whole number >= 0, not 1.5"),
         ({"checkpoint": 3}, TypeError, "checkpoint must be a folder or a CheckpointManager"),
         ({"loss_fn": None, "train_data": [(torch.randn(4, 8), torch.randn(4, 4))]},
          ValueError, "cannot tell which loss fits outputs (4, 4) and targets (4, 4) "
@@ -401,6 +414,28 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path, kwargs: dict[str, Any], er
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(("every", "every_steps", "schedule"), [
+    (None, None, (600.0, None)),  # ten minutes by default
+    ("10m", None, (600.0, None)),
+    (600, None, (600.0, None)),  # a number is seconds, never steps
+    (1.5, None, (1.5, None)),
+    (None, 600, (None, 600)),
+])
+def test_periodic_saves_are_a_duration_or_a_number_of_steps(
+        every: Any, every_steps: Any, schedule: tuple[float | None, int | None]) -> None:
+    assert checkpoint_schedule(every, every_steps) == schedule
+
+
+def test_checkpoint_every_is_a_duration_even_as_a_number(tmp_path: Path) -> None:
+    """A number is seconds: an hour is not due in a short run, which is saved at its end."""
+    model = mlp()
+    fit(model, torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(classification_data(samples=40), batch_size=8), epochs=2, device="cpu",
+        progress=False, checkpoint=CheckpointManager(tmp_path, keep_last=10),
+        checkpoint_every=3600.0)
+    assert [info.step for info in CheckpointManager(tmp_path).list()] == [10]
+
+
 @pytest.mark.parametrize(("drop_last", "every", "saved"), [
     (False, 3, [3, 6]),  # 20 samples in batches of 8: 8, 8, 4
     (True, 2, [2, 4]),  # 8, 8 (the last 4 dropped)
@@ -413,5 +448,5 @@ def test_each_step_is_saved_once_when_a_save_is_due_at_an_epochs_last_step(
     model = mlp()
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1), data, epochs=2, device="cpu",
         progress=False, checkpoint=CheckpointManager(tmp_path, keep_last=10),
-        checkpoint_every=every)
+        checkpoint_every_steps=every)
     assert [info.step for info in CheckpointManager(tmp_path).list()] == saved

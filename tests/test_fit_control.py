@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointError, CheckpointManager
 from ipycloud.runtime.train import precision
+from ipycloud.runtime.train.callback import Callback, StopTraining
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.interrupt import DeferredInterrupt, FitInterrupted
 from ipycloud.runtime.train.loop import fit
 
@@ -43,13 +45,13 @@ def run(checkpoint: Any = None, lr: float = 0.1, **options: Any) -> tuple[nn.Mod
     return model, fit(model, optimizer, data(), checkpoint=checkpoint, **options)
 
 
-class InterruptAt:
+class InterruptAt(Callback):
     """Sends this process SIGINT after a given step, as the notebook's Stop button does."""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step == self.step:
             os.kill(os.getpid(), signal.SIGINT)
 
@@ -150,7 +152,8 @@ def test_the_best_checkpoint_carries_the_epoch_metrics_and_loads_as_best(
 
 def test_early_stopping_and_the_best_checkpoint_agree_on_a_tie(tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path, keep_last=1, keep_best=("val_score", "max"))
-    _, history = run(manager, epochs=5, val_data=data(), early_stop=("val_score", 2),
+    _, history = run(manager, epochs=5, val_data=data(),
+                     callbacks=[EarlyStopping("val_score", patience=2)],
                      metrics={"score": Scores([0.3, 0.9, 0.9, 0.4, 1.0])})
     assert history.stopped is not None and "since epoch 1 (0.9)" in history.stopped
     model, _ = model_and_optimizer()
@@ -162,20 +165,38 @@ def test_early_stopping_ends_the_run_and_the_rerun_says_it_is_complete(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     score = Scores([0.3, 0.9, 0.5, 0.4, 1.0, 1.0])
     _, history = run(tmp_path, epochs=6, val_data=data(), metrics={"score": score},
-                     early_stop=("val_score", 2))
+                     callbacks=[EarlyStopping("val_score", patience=2)])
     assert len(history.epochs) == 4
     assert history.stopped == ("early stop: val_score has not improved for 2 epochs since "
                                "epoch 1 (0.9) (step 16)")
     capsys.readouterr()
     _, again = run(tmp_path, epochs=6, val_data=data(), metrics={"score": score},
-                   early_stop=("val_score", 2), progress=True)
+                   callbacks=[EarlyStopping("val_score", patience=2)], progress=True)
     assert len(score.calls) == 4  # nothing validated again
     assert again.epochs == history.epochs
     assert "already complete at step 16" in capsys.readouterr().out
 
 
+def test_early_stopping_counts_its_patience_across_a_resume(tmp_path: Path) -> None:
+    """Epochs 2 and 3 do not beat epoch 1: the run stops after epoch 3, also when it was
+    interrupted in epoch 2 and resumed by a new call with a new EarlyStopping."""
+    values = [0.3, 0.9, 0.5, 0.4, 1.0, 1.0]
+    options = {"epochs": 6, "val_data": data()}
+    _, whole = run(tmp_path / "whole", metrics={"score": Scores(values)},
+                   callbacks=[EarlyStopping("val_score", patience=2)], **options)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "paused", metrics={"score": Scores(values)},
+            callbacks=[EarlyStopping("val_score", patience=2),
+                       InterruptAt(2 * STEPS_PER_EPOCH + 1)], **options)
+    _, resumed = run(tmp_path / "paused", metrics={"score": Scores(values[2:])},
+                     callbacks=[EarlyStopping("val_score", patience=2)], **options)
+    assert whole.stopped == ("early stop: val_score has not improved for 2 epochs since "
+                             "epoch 1 (0.9) (step 16)")
+    assert resumed.stopped == whole.stopped and len(resumed.epochs) == 4
+
+
 @pytest.mark.parametrize("saving", [
-    {"checkpoint_every": STEPS_PER_EPOCH},  # a save due as each epoch ends
+    {"checkpoint_every_steps": STEPS_PER_EPOCH},  # a save due as each epoch ends
     {"keep_best": ("val_score", "max")},  # a save taken at each epoch's end
 ])
 def test_a_run_stopped_early_where_a_save_falls_is_complete_when_rerun(
@@ -185,10 +206,10 @@ def test_a_run_stopped_early_where_a_save_falls_is_complete_when_rerun(
             return CheckpointManager(tmp_path, keep_best=saving["keep_best"])
         return tmp_path
 
-    every = {"checkpoint_every": saving.get("checkpoint_every", "10m")}
+    every = {"checkpoint_every_steps": saving.get("checkpoint_every_steps")}
     score = Scores([0.3, 0.9, 0.5, 0.4, 1.0, 1.0])
     options = {"epochs": 6, "val_data": data(), "metrics": {"score": score},
-               "early_stop": ("val_score", 2), **every}
+               "callbacks": [EarlyStopping("val_score", patience=2)], **every}
     _, history = run(checkpoint(), **options)
     assert len(history.epochs) == 4
     capsys.readouterr()
@@ -200,34 +221,34 @@ def test_a_run_stopped_early_where_a_save_falls_is_complete_when_rerun(
 
 def test_a_run_a_callback_stops_where_a_save_falls_is_complete_when_rerun(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    class StopAt:
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> bool:
-            return step == 6
+    class StopAt(Callback):
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
+            if step == 6:
+                raise StopTraining
 
-    _, history = run(tmp_path, callbacks=[StopAt()], checkpoint_every=2)
+    _, history = run(tmp_path, callbacks=[StopAt()], checkpoint_every_steps=2)
     assert history.steps[-1]["step"] == 6
     capsys.readouterr()
-    _, again = run(tmp_path, callbacks=[StopAt()], checkpoint_every=2, progress=True)
+    _, again = run(tmp_path, callbacks=[StopAt()], checkpoint_every_steps=2, progress=True)
     assert again.stopped == history.stopped
     assert "already complete at step 6" in capsys.readouterr().out
 
 
-def test_a_callback_stops_the_run_by_returning_true_or_by_its_stop_flag() -> None:
-    class AfterEpoch:
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> bool:
-            return epoch == 1
+def test_a_callback_stops_the_run_by_raising_stop_training() -> None:
+    class AfterEpoch(Callback):
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
+            if epoch == 1:
+                raise StopTraining
 
-    class Flag:
-        stop = False
-        reason = "enough"
-
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
-            self.stop = step == 3
+    class Enough(Callback):
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
+            if step == 3:
+                raise StopTraining("enough")
 
     _, history = run(callbacks=[AfterEpoch()])
-    assert len(history.epochs) == 2 and "AfterEpoch.on_epoch_end asked to stop" in \
+    assert len(history.epochs) == 2 and "AfterEpoch.on_epoch asked to stop" in \
         history.stopped
-    _, history = run(callbacks=[Flag()])
+    _, history = run(callbacks=[Enough()])
     assert history.steps[-1]["step"] == 3 and history.stopped == "enough (step 3)"
 
 
@@ -235,7 +256,7 @@ def test_a_finished_run_is_not_validated_again(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     score = Scores([0.5, 0.6, 0.7])
     options = {"epochs": 2, "val_data": data(), "metrics": {"score": score},
-               "checkpoint_every": 2 * STEPS_PER_EPOCH}  # saved before the last epoch ends
+               "checkpoint_every_steps": 2 * STEPS_PER_EPOCH}  # saved before the last epoch ends
     _, history = run(tmp_path, **options)
     capsys.readouterr()
     _, again = run(tmp_path, progress=True, **options)
@@ -280,7 +301,6 @@ def test_a_cpu_trains_in_fp32_even_with_bfloat16_instructions(
                                              "parameters"),
         ({"train_data": [(torch.randn(4, 6), torch.zeros(4, 2, dtype=torch.long))]},
          ValueError, "pass loss_fn=, e.g. torch.nn.functional.cross_entropy"),
-        ({"early_stop": ("val_loss",)}, ValueError, "early_stop is (metric, patience"),
         ({"metrics": {"f1": 3}}, TypeError, "metrics must be a dict of name -> fn"),
         ({"log_every": 0}, ValueError, "log_every must be a positive integer"),
         ({"progress": "yes"}, ValueError, "progress must be True (a bar, and live curves in "
@@ -345,12 +365,11 @@ def test_a_checkpoint_in_a_file_is_refused_before_training(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"early_stop": ("val_loss", 2)}, "early_stop watches 'val_loss', which only val_data= "
-                                      "gives"),
-    ({"early_stop": ("val_f1", 2), "val_data": "data"},
-     "early_stop watches 'val_f1', which no epoch of this run reports (they report "
+    ({"stop": "val_loss"}, "EarlyStopping watches 'val_loss', which only val_data= gives"),
+    ({"stop": "val_f1", "val_data": "data"},
+     "EarlyStopping watches 'val_f1', which no epoch of this run reports (they report "
      "train_loss, val_loss, val_accuracy)"),
-    ({"early_stop": ("accuracy", 2)}, "early_stop watches 'accuracy', which no epoch"),
+    ({"stop": "accuracy"}, "EarlyStopping watches 'accuracy', which no epoch"),
     ({"keep_best": ("val_loss", "min")}, "the checkpoint's keep_best watches 'val_loss', "
                                          "which only val_data= gives"),
 ])
@@ -358,16 +377,18 @@ def test_a_watched_metric_no_epoch_reports_is_refused_before_training(
         tmp_path: Path, options: dict[str, Any], message: str) -> None:
     seen: list[int] = []
 
-    class Steps:
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    class Steps(Callback):
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
             seen.append(step)
 
     if options.pop("val_data", None):
         options["val_data"] = data()
     keep_best = options.pop("keep_best", None)
     checkpoint = CheckpointManager(tmp_path / "run", keep_best=keep_best) if keep_best else None
+    stop = options.pop("stop", None)
+    callbacks = [Steps(), *([EarlyStopping(stop, patience=2)] if stop else [])]
     with pytest.raises(ValueError) as caught:
-        run(checkpoint, callbacks=[Steps()], **options)
+        run(checkpoint, callbacks=callbacks, **options)
     assert message in str(caught.value) and "\n" not in str(caught.value)
     assert seen == []
 
@@ -384,20 +405,21 @@ def test_a_checkpoint_that_does_not_fit_names_what_fit_takes(tmp_path: Path) -> 
     assert "strict" not in message
 
 
-class StopAt:
+class StopAt(Callback):
     """Stops the run after a given step, as a kill would (the checkpoint is then resumed)."""
 
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> bool:
-        return step == self.step
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
+        if step == self.step:
+            raise StopTraining
 
 
 def test_a_resumed_history_equals_the_uninterrupted_one(tmp_path: Path) -> None:
     """Log windows of 3 steps, a checkpoint every 5: the resumed run's rows and epoch
     losses fall where the uninterrupted run's do."""
-    options = {"epochs": 3, "log_every": 3, "checkpoint_every": 5, "val_data": data()}
+    options = {"epochs": 3, "log_every": 3, "checkpoint_every_steps": 5, "val_data": data()}
     _, whole = run(tmp_path / "whole", **options)
     run(tmp_path / "stopped", callbacks=[StopAt(7)], **options)
     manager = CheckpointManager(tmp_path / "stopped")

@@ -32,7 +32,7 @@ def train(batch_size: int, folder: str | None) -> dict[str, Any]:
     model, optimizer = model_and_optimizer()
     fit(model, optimizer, DataLoader(dataset(), batch_size=batch_size, shuffle=True),
         max_steps=STEPS, precision="fp32", device="cpu", progress=False, seed=11,
-        checkpoint=folder, checkpoint_every=5)
+        checkpoint=folder, checkpoint_every_steps=5)
     return {"state": {name: tensor.clone() for name, tensor in model.state_dict().items()},
             "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0}
 

@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.runs import runs
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.loop import fit
 
-SAVED_STEP = 3  # checkpoint_every=3: the background save begins after step 3
+SAVED_STEP = 3  # checkpoint_every_steps=3: the background save begins after step 3
 FAILING_CALL = SAVED_STEP + 1  # the model's next forward, right after that save began
 
 
@@ -37,10 +38,10 @@ class FailsOnCall(nn.Linear):
         raise RuntimeError("the model failed")
 
 
-class ExitsAfterStep:
+class ExitsAfterStep(Callback):
     """A callback that ends the program in ``on_step_end``."""
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step == FAILING_CALL:
             sys.exit(3)
 
@@ -51,7 +52,7 @@ def train(folder: Path, model: nn.Module, callbacks: list[Any]) -> None:
                          torch.randint(0, 2, (64,), generator=generator))
     fit(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(data, batch_size=8),
         epochs=1, device="cpu", progress=False, log_every=100, callbacks=callbacks,
-        checkpoint=CheckpointManager(folder, background="thread"), checkpoint_every=3)
+        checkpoint=CheckpointManager(folder, background="thread"), checkpoint_every_steps=3)
 
 
 @pytest.mark.parametrize(("failure", "error"), [

@@ -15,6 +15,7 @@ TRAINING_CELL = """\
 import time, torch, ipycloud
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+from ipycloud.runtime.train.callback import Callback
 
 class Slow(Dataset):
     inputs = torch.randn(64, 6, generator=torch.Generator().manual_seed(0))
@@ -24,8 +25,8 @@ class Slow(Dataset):
         time.sleep(0.005)
         return self.inputs[index] + torch.randn(6) * 0.1, self.inputs[index, :3].argmax()
 
-class SaysStep2:
-    def on_step_end(self, step, logs):
+class SaysStep2(Callback):
+    def on_step(self, step, logs):
         if step == 2:
             print("step 2 done", flush=True)
 

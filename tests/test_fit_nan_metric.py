@@ -1,6 +1,6 @@
 """A validation metric that is NaN or infinite (an R² or F1 on a degenerate batch) never
 ends a run: each epoch's checkpoint is written, the value counts neither as the best for
-``keep_best`` nor as an improvement for ``early_stop`` (fit says so once), and the
+``keep_best`` nor as an improvement for ``EarlyStopping`` (fit says so once), and the
 checkpoint manifests and the run's record stay strict JSON."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 from strict_json import loads
-from test_fit_followers import problem
+from test_fit_callbacks import problem
 
 import ipycloud
 from ipycloud.runtime.runs.records import RECORD_FOLDER
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.history import History
 
 NAN, INF = float("nan"), float("inf")
@@ -61,7 +62,7 @@ def test_a_nan_metric_leaves_the_run_going_and_every_epoch_checkpointed(
     told = [str(warning.message) for warning in warned if "val_r2" in str(warning.message)]
     assert told == ["ipycloud.fit: val_r2 is NaN at epoch 0: a value that is not a finite "
                     "number counts neither as the best (keep_best) nor as an improvement "
-                    "(early_stop)"]
+                    "(EarlyStopping)"]
     assert [line["message"] for line in lines if line["kind"] == "event"] == told
 
 
@@ -100,7 +101,7 @@ def test_a_manifest_written_with_a_nan_metric_never_ranks_best(tmp_path: Path) -
 ])
 def test_early_stop_never_counts_a_nan_or_infinite_metric_as_an_improvement(
         values: list[float], stopped: str | None) -> None:
-    history = train(values, early_stop=("val_r2", 2, "max"))
+    history = train(values, callbacks=[EarlyStopping("val_r2", patience=2, mode="max")])
 
     if stopped is None:
         assert history.stopped is None and len(history.epochs) == len(values)
@@ -110,7 +111,8 @@ def test_early_stop_never_counts_a_nan_or_infinite_metric_as_an_improvement(
 
 
 def test_early_stop_on_a_metric_that_never_was_a_number_says_so() -> None:
-    history = train([NAN, NAN, NAN, NAN], early_stop=("val_r2", 2, "max"))
+    history = train([NAN, NAN, NAN, NAN],
+                    callbacks=[EarlyStopping("val_r2", patience=2, mode="max")])
 
     assert history.stopped == ("early stop: val_r2 has not been a finite number for 2 epochs "
                                "(step 8)")

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 from kernels import kernel
-from test_fit_followers import problem
+from test_fit_callbacks import problem
 
 import ipycloud
 from ipycloud.runtime.checkpoint import CheckpointWarning
 from ipycloud.runtime.storage import filesystem
 from ipycloud.runtime.storage.periodic_sync import BackgroundSync
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.history import History
 
 RELEASED_ON_COLAB = "ipycloud.fit: the run is saved and verified: releasing this Colab machine"
@@ -157,13 +158,13 @@ def test_a_final_save_that_fails_keeps_the_machine(
     folder = small_tmpfs("1m") / "run"
     manager = ipycloud.CheckpointManager(folder, fallback=None)
 
-    class FillTheDiskInTheLastEpoch:
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+    class FillTheDiskInTheLastEpoch(Callback):
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             if epoch == 2:
                 fill(folder)
 
     with pytest.warns(CheckpointWarning, match="step 12 is not saved"):
-        train(manager, epochs=3, checkpoint_every=4, callbacks=[FillTheDiskInTheLastEpoch()])
+        train(manager, epochs=3, checkpoint_every_steps=4, callbacks=[FillTheDiskInTheLastEpoch()])
     assert [info.step for info in manager.list()] == [4, 8]
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"{KEEPING}the final checkpoint (step 12) is not saved; the newest is step 8, in "
@@ -192,8 +193,8 @@ def test_on_colab_a_run_that_fails_or_pauses_keeps_the_machine(
         train(tmp_path / "failing", loss_fn=broken)
     assert capsys.readouterr().out.splitlines()[-1] == KEEPING + "the run failed"
 
-    class InterruptAt2:
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    class InterruptAt2(Callback):
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
             if step == 2:
                 os.kill(os.getpid(), signal.SIGINT)
 
@@ -205,7 +206,7 @@ def test_on_colab_a_run_that_fails_or_pauses_keeps_the_machine(
 
 def test_a_final_checkpoint_damaged_when_read_back_keeps_the_machine(
         colab: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    class Damage:
+    class Damage(Callback):
         """Flips a byte of each checkpoint once written (its size stays)."""
 
         def on_checkpoint(self, info: Any) -> None:
@@ -228,8 +229,8 @@ def test_a_final_sync_that_fails_keeps_the_machine(
     folder.mkdir()
     BackgroundSync(folder, drive, every_s=3600).start()
 
-    class UnmountDrive:
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+    class UnmountDrive(Callback):
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             shutil.rmtree(drive, ignore_errors=True)  # as a lost mount leaves it
 
     train(folder, callbacks=[UnmountDrive()])

@@ -33,7 +33,7 @@ data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
 model = BlocksInStep5(4, 2)
 ipycloud.fit(model, torch.optim.SGD(model.parameters(), lr=0.1),
              DataLoader(data, batch_size=8), epochs=1, device="cpu", progress=False,
-             checkpoint=sys.argv[1], checkpoint_every=3)
+             checkpoint=sys.argv[1], checkpoint_every_steps=3)
 """
 
 

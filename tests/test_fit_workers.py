@@ -23,6 +23,7 @@ from process_helpers import descriptors_of_this_process, ended
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+from ipycloud.runtime.train.callback import Callback, StopTraining
 from ipycloud.runtime.train.data import loader
 from ipycloud.runtime.train.interrupt import FitInterrupted
 from ipycloud.runtime.train.loop import NonFiniteLossError, fit
@@ -90,6 +91,7 @@ SHARED_MEMORY_SCRIPT = """\
 import glob, json, os, signal, time
 import psutil, torch, ipycloud
 from torch.utils.data import DataLoader, TensorDataset
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.interrupt import FitInterrupted
 
 torch.multiprocessing.set_sharing_strategy("file_system")
@@ -98,8 +100,8 @@ workers = []
 def in_shared_memory():
     return sorted(name for pid in workers for name in glob.glob(f"/dev/shm/torch_{{pid}}_*"))
 
-class StopsAtStep3:
-    def on_step_end(self, step, logs):
+class StopsAtStep3(Callback):
+    def on_step(self, step, logs):
         if step != 3:
             return
         workers.extend(child.pid for child in psutil.Process().children())
@@ -224,10 +226,11 @@ def test_a_spawn_loaders_semaphores_are_removed_once_without_a_word(tmp_path: Pa
 SPAWN_KILLED_SCRIPT = """\
 import json, os, re, signal, psutil, torch, ipycloud
 from torch.utils.data import DataLoader, TensorDataset
+from ipycloud.runtime.train.callback import Callback
 
 
-class KilledAtStep3:  # as the out-of-memory killer would, mid-run
-    def on_step_end(self, step, logs):
+class KilledAtStep3(Callback):  # as the out-of-memory killer would, mid-run
+    def on_step(self, step, logs):
         if step == 3:
             workers = [child.pid for child in psutil.Process().children()
                        if "spawn_main" in " ".join(child.cmdline())]
@@ -346,22 +349,23 @@ class Breaks(nn.Linear):
         return super().forward(inputs)
 
 
-class EndsAt:
+class EndsAt(Callback):
     """A callback that ends the run at step 6 (the second epoch's), as ``how`` says."""
 
     def __init__(self, how: str) -> None:
         self.how = how
 
-    def on_step_end(self, step: int, logs: dict[str, Any]) -> bool:
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
         if step != 6:
-            return False
+            return
         if self.how == "interrupt":
             os.kill(os.getpid(), signal.SIGINT)
         elif self.how == "sigterm":
             os.kill(os.getpid(), signal.SIGTERM)
         elif self.how == "sys.exit":
             sys.exit(3)
-        return self.how == "early stop"
+        elif self.how == "early stop":
+            raise StopTraining
 
 
 ENDINGS: dict[str, type[BaseException] | None] = {
@@ -385,8 +389,8 @@ def _end_fit(ending: str, data: str) -> dict[str, Any]:
     train, val = DATA[data]()
     workers: set[int] = set()
 
-    class Watch:
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    class Watch(Callback):
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
             workers.update(child.pid for child in psutil.Process().children())
 
     model = Breaks(after=7 if data == "ipycloud.loader" else 11,

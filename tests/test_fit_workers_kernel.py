@@ -46,11 +46,12 @@ def test_ten_fit_cells_hold_no_more_processes_than_one_and_shutdown_ends_them_al
 SPAWN_CELL = """\
 import json, os, torch, ipycloud
 from torch.utils.data import DataLoader, TensorDataset
+from ipycloud.runtime.train.callback import Callback
 
-class SemaphoresSeen:  # the named semaphores this kernel has mapped while fit runs
+class SemaphoresSeen(Callback):  # the named semaphores this kernel has mapped while fit runs
     names = set()
 
-    def on_step_end(self, step, logs):
+    def on_step(self, step, logs):
         with open("/proc/self/maps") as maps:
             SemaphoresSeen.names |= {line.split()[-1] for line in maps if "/dev/shm/sem." in line}
 

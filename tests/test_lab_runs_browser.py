@@ -34,9 +34,10 @@ TRAINING = """\
 import time
 import torch
 import ipycloud
+from ipycloud.runtime.train.callback import Callback
 
-class Slow:
-    def on_step_end(self, step, logs):
+class Slow(Callback):
+    def on_step(self, step, logs):
         time.sleep(0.1)
 
 torch.manual_seed(0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +15,10 @@ from terminal import terminal_ipython
 from torch import nn
 
 from ipycloud.notebook.curves import LiveCurves
-from ipycloud.runtime.train import followers
+from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
+from ipycloud.runtime.train import callback
+from ipycloud.runtime.train.callback import FINISHED, PAUSED, RunEnd, RunStart
 from ipycloud.runtime.train.curves import Line, Smoother, TrainingCurves
-from ipycloud.runtime.train.followers import FINISHED, PAUSED, RunEnd, RunStart
 from ipycloud.runtime.train.loop import fit
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -56,19 +58,19 @@ def chart_titles(html: str) -> list[str]:
 def test_redraws_at_most_once_a_second_and_always_at_the_end() -> None:
     clock, screen = Clock(), Screen()
     follower = LiveCurves(screen, clock=clock)
-    follower.started(start())
-    follower.stepped(row(10))  # the first row is drawn at once
+    follower.on_start(start())
+    follower.on_step(10, row(10))  # the first row is drawn at once
     clock.now += 0.5
-    follower.stepped(row(20))
+    follower.on_step(20, row(20))
     clock.now += 0.49
-    follower.epoch_ended({"epoch": 0, "steps": 20, "val_loss": 0.5})
+    follower.on_epoch(0, {"epoch": 0, "steps": 20, "val_loss": 0.5})
     assert len(screen.shown) == 1
     clock.now += 0.01  # a second after the first drawing
-    follower.stepped(row(30))
+    follower.on_step(30, row(30))
     assert len(screen.shown) == 2
     assert "step 30 of 100, epoch 0, 50 steps/s" in screen.shown[-1]
     clock.now += 0.1
-    follower.ended(RunEnd(status=FINISHED, reason=None, step=30, epoch=1))
+    follower.on_end(RunEnd(status=FINISHED, reason=None, step=30, epoch=1))
     assert len(screen.shown) == 3
     assert "finished at step 30, epoch 1" in screen.shown[-1]
 
@@ -79,8 +81,8 @@ def test_a_resumed_run_draws_its_past_rows_too() -> None:
     past = RunStart(folder=None, step=20, epoch=1, total_steps=40, epochs=2, max_steps=None,
                     main=True, curves=True, past_steps=(row(10, 3.0), row(20, 2.0)),
                     past_epochs=({"epoch": 0, "steps": 20, "val_loss": 2.5},))
-    follower.started(past)
-    follower.stepped(row(30, 1.0))
+    follower.on_start(past)
+    follower.on_step(30, row(30, 1.0))
 
     assert follower.curves.loss.points == [(10, 3.0), (20, 2.0), (30, 1.0)]
     assert follower.curves.metrics["val_loss"].points == [(20, 2.5)]
@@ -89,11 +91,12 @@ def test_a_resumed_run_draws_its_past_rows_too() -> None:
 def test_a_paused_run_draws_its_last_state_with_the_reason() -> None:
     clock, screen = Clock(), Screen()
     follower = LiveCurves(screen, clock=clock)
-    follower.started(start(total=None))
-    follower.stepped(row(10))
-    follower.checkpointed({"name": "step-12", "step": 12, "epoch": 0, "folder": "/tmp/a b"})
-    follower.happened("pause", "interrupted at step 12; rerun this cell to continue")
-    follower.ended(RunEnd(status=PAUSED, reason="KeyboardInterrupt: interrupted", step=12,
+    follower.on_start(start(total=None))
+    follower.on_step(10, row(10))
+    follower.on_checkpoint(CheckpointInfo(name="step-12", directory=Path("/tmp/a b"), step=12,
+                                          sequence=1, time=0.0, epoch=0))
+    follower.on_event("pause", "interrupted at step 12; rerun this cell to continue")
+    follower.on_end(RunEnd(status=PAUSED, reason="KeyboardInterrupt: interrupted", step=12,
                           epoch=0))
     assert len(screen.shown) == 2
     assert ("paused at step 12, epoch 0: KeyboardInterrupt: interrupted · checkpoint at "
@@ -104,8 +107,8 @@ def test_a_paused_run_draws_its_last_state_with_the_reason() -> None:
 def test_a_run_that_ends_before_its_first_row_draws_nothing() -> None:
     screen = Screen()
     follower = LiveCurves(screen, clock=Clock())
-    follower.started(start())
-    follower.ended(RunEnd(status=FINISHED, reason=None, step=3, epoch=0))
+    follower.on_start(start())
+    follower.on_end(RunEnd(status=FINISHED, reason=None, step=3, epoch=0))
     assert screen.shown == []
 
 
@@ -153,8 +156,8 @@ def history_html() -> str:
 
 def test_curves_are_asked_for_by_progress_true_only(monkeypatch: pytest.MonkeyPatch) -> None:
     starts: list[RunStart] = []
-    monkeypatch.setattr(followers, "_registered", [])
-    followers.register_follower(lambda start: starts.append(start))
+    monkeypatch.setattr(callback, "_fronts", [])
+    callback.register_front(lambda start: starts.append(start))
     for progress in (True, "bar", False):
         model = nn.Linear(4, 2)
         fit(model, torch.optim.SGD(model.parameters(), lr=0.1), batches(), device="cpu",

@@ -1,5 +1,5 @@
 """``fit`` in a real kernel draws its curves as one output updated in place, from the main
-thread only, reached through ``ipycloud.fit`` or after ``%load_ext ipycloud``."""
+thread only, however it was imported: ``ipycloud.fit``, or from the runtime's module."""
 
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ def assert_drawn_in_place(found: list[tuple[str, str, str]]) -> None:
     assert "finished at step 16, epoch 2" in found[-1][2]
 
 
-def test_curves_come_with_load_ext_only_on_the_main_thread(tmp_path: Path) -> None:
+def test_curves_come_from_the_runtimes_fit_only_on_the_main_thread(tmp_path: Path) -> None:
     with kernel(tmp_path) as (_, client):
         messages(client, TRAINING + "from ipycloud.runtime.train.loop import fit")
-        assert drawings(messages(client, FIT)) == []  # the runtime alone never draws
+        assert_drawn_in_place(drawings(messages(client, FIT)))  # no %load_ext, no ipycloud.fit
         messages(client, "%load_ext ipycloud")
-        assert_drawn_in_place(drawings(messages(client, FIT)))
+        assert_drawn_in_place(drawings(messages(client, FIT)))  # drawn once, not twice
         threaded = messages(client, IN_A_THREAD)
         assert drawings(threaded) == []
         assert "epoch 1:" in stream(threaded, "stdout")  # it did train

@@ -18,12 +18,14 @@ from alert_receiver import AlertReceiver
 from fifo_reader import read_with_fifo_at
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
-from test_fit_followers import problem
+from test_fit_callbacks import problem
 
 import ipycloud
 from ipycloud.runtime import notify
 from ipycloud.runtime.guard.guard import GuardSettings, SessionGuard
 from ipycloud.runtime.notify.sender import Alert, Notifier
+from ipycloud.runtime.train.callback import Callback
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.history import History
 
 SECRET = "s3cret-token"
@@ -220,8 +222,8 @@ def test_fit_alerts_when_a_run_finishes_fails_and_pauses(
     assert title == "ipycloud: training failed"
     assert message.startswith("ValueError: labels out of range\nstep 2 of 4, epoch 0")
 
-    class InterruptAt3:
-        def on_step_end(self, step: int, logs: dict[str, Any]) -> None:
+    class InterruptAt3(Callback):
+        def on_step(self, step: int, logs: dict[str, Any]) -> None:
             if step == 3:
                 os.kill(os.getpid(), signal.SIGINT)
 
@@ -238,7 +240,7 @@ def test_a_run_that_stops_early_says_why(monkeypatch: pytest.MonkeyPatch,
     alerts_to(monkeypatch, alert_receiver.url())
     model, optimizer, data = problem(32)
     ipycloud.fit(model, optimizer, data, epochs=20, val_data=data, device="cpu",
-                 progress=False, early_stop=("val_loss", 1, "max"))
+                 progress=False, callbacks=[EarlyStopping("val_loss", patience=1, mode="max")])
     ((title, message),) = sent(alert_receiver)
     assert title == "ipycloud: training stopped early"
     assert message.startswith("early stop: val_loss has not improved for 1 epoch since epoch "

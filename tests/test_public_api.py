@@ -15,12 +15,16 @@ import ipycloud.cluster
 
 PUBLIC = [
     "BackgroundSync",
+    "Callback",
     "CheckpointError",
     "CheckpointManager",
     "CheckpointWarning",
+    "EarlyStopping",
+    "ExportError",
     "FitInterrupted",
     "LaunchError",
     "NonFiniteLossError",
+    "StopTraining",
     "__version__",
     "cluster",
     "detect_platform",
@@ -50,8 +54,10 @@ RAISED_IN = {
     "CheckpointError": "ipycloud.runtime.checkpoint.errors",
     "CheckpointWarning": "ipycloud.runtime.checkpoint.errors",
     "FitInterrupted": "ipycloud.runtime.train.interrupt",
-    "LaunchError": "ipycloud.runtime.train.distributed",
-    "NonFiniteLossError": "ipycloud.runtime.train.loop",
+    "ExportError": "ipycloud.runtime.cluster.options",
+    "LaunchError": "ipycloud.runtime.train.launch_errors",
+    "NonFiniteLossError": "ipycloud.runtime.train.step_runner",
+    "StopTraining": "ipycloud.runtime.train.callback",
 }
 
 # Names that left the top level, and the module each is imported from now.

@@ -28,6 +28,8 @@ from ipycloud.runtime.per_process import reset_process_state
 from ipycloud.runtime.runs import RunRecordWarning, RunSummary, appender, read_run, records
 from ipycloud.runtime.runs.appender import Appender
 from ipycloud.runtime.runs.records import RECORD_FOLDER, read_records
+from ipycloud.runtime.train.callback import Callback
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.loop import fit
 
 STEPS_PER_EPOCH = 8
@@ -115,7 +117,8 @@ def failing_loss(outputs: Any, targets: Any) -> Any:
 
 
 @pytest.mark.parametrize(("options", "error", "status", "events", "reason"), [
-    ({"lr": 0.0, "val_data": data(), "early_stop": ("val_loss", 1)}, None, "stopped early",
+    ({"lr": 0.0, "val_data": data(), "callbacks": [EarlyStopping("val_loss", patience=1)]},
+     None, "stopped early",
      ["early_stop"], "early stop: val_loss has not improved for 1 epoch since epoch 0"),
     ({"loss_fn": failing_loss}, RuntimeError, "failed", ["out_of_memory"],
      "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"),
@@ -145,8 +148,8 @@ def test_a_run_reads_as_running_while_its_process_trains(
     monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")  # 12 h sessions
     seen: list[RunSummary] = []
 
-    class Look:
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+    class Look(Callback):
+        def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
             log = wait_for(lambda: next((tmp_path / RECORD_FOLDER).glob("*.jsonl"), None),
                            what="the run's log")
             wait_for(lambda: read_records(log)[-1]["kind"] == "epoch", what="the epoch")
@@ -206,7 +209,7 @@ def test_lines_kept_while_the_storage_fails_are_written_once_it_answers(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model, _ = train(folder, log_every=1, checkpoint_every=4, callbacks=[At({
+        model, _ = train(folder, log_every=1, checkpoint_every_steps=4, callbacks=[At({
             3: lambda: faulty_mount.fail(errno.EIO, ops=["create", "write", "fsync"]),
             12: faulty_mount.heal})])
 
@@ -317,7 +320,7 @@ def test_a_runs_start_and_its_checkpoints_are_written_at_once_for_a_kill_loses_t
 
     # saves at steps 2 and 4, each written before the next begins: step 2's is told by
     # step 5; a process killed at step 1 or 6 leaves the run on record, with a checkpoint
-    train(tmp_path, epochs=1, checkpoint_every=2, callbacks=[At({
+    train(tmp_path, epochs=1, checkpoint_every_steps=2, callbacks=[At({
         1: lambda: wait_for(lambda: "start" in kinds(), what="the start line"),
         6: lambda: wait_for(lambda: "checkpoint" in kinds(), what="a checkpoint line")})])
 

@@ -19,6 +19,6 @@ from ipycloud.runtime.train.loop import fit
 if __name__ == "__main__":
     folder, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     model, optimizer = model_and_optimizer()
-    fit(model, optimizer, data(), max_steps=steps, checkpoint=folder, checkpoint_every=10,
+    fit(model, optimizer, data(), max_steps=steps, checkpoint=folder, checkpoint_every_steps=10,
         progress=False)
     torch.save(cpu_state(model), out)

@@ -102,7 +102,7 @@ def _follow(args: argparse.Namespace) -> int:
     early, 1 when it ended otherwise, 130 when interrupted."""
     from ipycloud.runtime.runs import UnknownRunError
     from ipycloud.runtime.runs.follow_run import FollowStopped, follow_run
-    from ipycloud.runtime.train.followers import FINISHED, STOPPED_EARLY
+    from ipycloud.runtime.train.callback import FINISHED, STOPPED_EARLY
 
     if not args.follow:
         args.mistake("--run ID goes with --follow")

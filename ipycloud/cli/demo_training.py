@@ -23,10 +23,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.loop import fit
 
 
-class KillAfterCheckpoint:
+class KillAfterCheckpoint(Callback):
     """A callback that kills this process with SIGKILL once N checkpoints are reported."""
 
     def __init__(self, count: int) -> None:
@@ -57,12 +58,12 @@ def main(argv: list[str]) -> None:
                                 torch.nn.Dropout(0.2), torch.nn.Linear(32, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
-    callbacks = ([KillAfterCheckpoint(args.kill_after_checkpoint)]
+    callbacks: list[Callback] = ([KillAfterCheckpoint(args.kill_after_checkpoint)]
                  if args.kill_after_checkpoint else [])
     history = fit(model, optimizer, DataLoader(dataset, batch_size=8, shuffle=True),
                   max_steps=args.steps, scheduler=scheduler, precision=args.precision,
                   grad_accum=2, device=args.device, checkpoint=args.checkpoints,
-                  checkpoint_every=7, callbacks=callbacks, progress=args.progress)
+                  checkpoint_every_steps=7, callbacks=callbacks, progress=args.progress)
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "steps": [row["step"] for row in history.steps]}, args.out)
 

@@ -1,11 +1,28 @@
 """What ``fit`` shows in a notebook beside its progress bar, with nothing but IPython.
 
-Loaded with ``ipycloud.fit`` and by ``%load_ext ipycloud``; in a terminal or a script it
-shows nothing.
+``import ipycloud`` registers it with the runtime (``follow_runs``), however ``fit`` is
+imported afterwards; the curves module itself loads only when a run in a Jupyter kernel asks
+for curves. In a terminal or a script it shows nothing.
 """
 
 from __future__ import annotations
 
-from ipycloud.notebook.curves import follow_runs
+from ipycloud.runtime.train.callback import Callback, RunStart, register_front
 
-__all__ = ["follow_runs"]
+
+def live_curves(start: RunStart) -> Callback | None:
+    """The callback that draws ``start``'s run in this notebook, or None where it must not
+    (see ``curves.live_curves``)."""
+    if not start.curves:
+        return None
+    from ipycloud.notebook import curves
+
+    return curves.live_curves(start)
+
+
+def follow_runs() -> None:
+    """Draw the live curves of every later run of ``fit`` in this notebook."""
+    register_front(live_curves)
+
+
+__all__ = ["follow_runs", "live_curves"]

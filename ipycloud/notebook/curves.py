@@ -1,7 +1,7 @@
 """Live training curves: ``fit``'s loss, learning rate and validation metrics under its
 progress bar, as inline SVG redrawn in place.
 
-A follower of the run (``ipycloud.runtime.train.followers``) feeds the runtime's
+A callback of the run (``ipycloud.runtime.train.callback``) feeds the runtime's
 TrainingCurves and redraws them at most once every ``INTERVAL_S`` seconds of the run, and
 once more however the run ends. It draws from the thread that runs ``fit``, and only
 when that is the kernel's main thread: Colab renders no output sent from other threads.
@@ -14,11 +14,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ipycloud.runtime.train.callback import Callback, RunEnd, RunStart
 from ipycloud.runtime.train.curves import TrainingCurves
-from ipycloud.runtime.train.followers import RunEnd, RunStart, register_follower
 from ipycloud.runtime.units import format_rate
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
 
 INTERVAL_S = 1.0
 
@@ -29,9 +32,11 @@ class Screen(Protocol):
     def show(self, html: str) -> None: ...
 
 
-class LiveCurves:
+class LiveCurves(Callback):
     """Follows a run: gathers its curves and shows them on ``screen``, throttled by ``clock``
     (seconds, monotonic) to one redraw per ``interval``, with a final one at the end."""
+
+    every_step = False  # the logged rows only
 
     def __init__(self, screen: Screen, clock: Callable[[], float] = time.monotonic,
                  interval: float = INTERVAL_S) -> None:
@@ -42,29 +47,29 @@ class LiveCurves:
         self._state = "starting"
         self._notes: dict[str, str] = {}  # the last checkpoint and the last event
 
-    def started(self, start: RunStart) -> None:
+    def on_start(self, start: RunStart) -> None:
         self._total = start.total_steps
         self.curves = TrainingCurves.of(start.past_steps, start.past_epochs)  # a resumed run's
 
-    def stepped(self, row: dict[str, Any]) -> None:
-        self.curves.add_step(row)
-        pace = row.get("steps_per_s")
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
+        self.curves.add_step(logs)
+        pace = logs.get("steps_per_s")
         of = f" of {self._total:,}" if self._total else ""
-        self._state = f"step {row['step']:,}{of}, epoch {row['epoch']}" + (
+        self._state = f"step {step:,}{of}, epoch {logs['epoch']}" + (
             f", {format_rate(pace)} steps/s" if isinstance(pace, float) else "")
         self._draw_if_due()
 
-    def epoch_ended(self, logs: dict[str, Any]) -> None:
+    def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         self.curves.add_epoch(logs)
         self._draw_if_due()
 
-    def checkpointed(self, checkpoint: dict[str, Any]) -> None:
-        self._notes["checkpoint"] = f"checkpoint at step {checkpoint['step']:,}"
+    def on_checkpoint(self, info: CheckpointInfo) -> None:
+        self._notes["checkpoint"] = f"checkpoint at step {info.step:,}"
 
-    def happened(self, event: str, message: str) -> None:
+    def on_event(self, event: str, message: str) -> None:
         self._notes["event"] = message
 
-    def ended(self, end: RunEnd) -> None:
+    def on_end(self, end: RunEnd) -> None:
         reason = f": {end.reason}" if end.reason else ""
         self._state = f"{end.status} at step {end.step:,}, epoch {end.epoch}{reason}"
         self._notes.pop("event", None)  # the end says it again
@@ -98,18 +103,13 @@ class DisplayArea:
 
 
 def live_curves(start: RunStart) -> LiveCurves | None:
-    """The follower that draws ``start``'s run in this notebook, or None where it must not:
+    """The callback that draws ``start``'s run in this notebook, or None where it must not:
     no curves asked for, not a Jupyter kernel, or not the kernel's main thread."""
     if not start.curves or threading.current_thread() is not threading.main_thread():
         return None
     if _kernel_shell() is None:
         return None
     return LiveCurves(DisplayArea())
-
-
-def follow_runs() -> None:
-    """Draw the live curves of every later run of ``fit`` in this notebook."""
-    register_follower(live_curves)
 
 
 def _kernel_shell() -> Any:

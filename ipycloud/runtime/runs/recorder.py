@@ -1,4 +1,7 @@
-"""The follower of ``fit`` that writes the run's record (see ``records`` for its lines).
+"""The callback of ``fit`` that writes the run's record (see ``records`` for its lines).
+
+It is an ``ipycloud.Callback`` by its hooks (the protocol sits above this layer, in
+``train.callback``), called by ``fit`` like any other.
 
 Each call of ``fit`` in the process that saves checkpoints (rank 0) appends to its run's
 log: a ``start``, each logged step, each epoch, checkpoint and event, and the ``end``;
@@ -16,12 +19,15 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipycloud._version import __version__
 from ipycloud.runtime.checkpoint.leases import new_run_id
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.appender import Appender
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
 
 END_FLUSH_S = 1.0  # how long the end of a run waits for its record to be written
 _CONNECTION_FILE = re.compile(r"kernel-(.+)\.json")
@@ -40,12 +46,14 @@ def record_run(start: Any) -> RunRecorder | None:
 class RunRecorder:
     """Writes one run's record as ``fit`` tells it what happens."""
 
+    every_step = False  # the logged rows only
+
     def __init__(self, run: str, folder: Path | None, appender: Appender) -> None:
         self.run, self.folder = run, folder
         self.appender = appender
         self._warned = False
 
-    def started(self, start: Any) -> None:
+    def on_start(self, start: Any) -> None:
         line = self._write(records.START, {
             "run": self.run, **this_process(),
             "folder": None if self.folder is None else str(self.folder), **start.details,
@@ -56,20 +64,22 @@ class RunRecorder:
         self.appender.call(lambda: records.write_index_entry(self.run, entry))
         self.appender.write_soon()  # a run killed in its first moments is still on record
 
-    def stepped(self, row: dict[str, Any]) -> None:
-        self._write(records.STEP, row, droppable=True)
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
+        self._write(records.STEP, logs, droppable=True)
 
-    def epoch_ended(self, logs: dict[str, Any]) -> None:
+    def on_epoch(self, epoch: int, logs: dict[str, Any]) -> None:
         self._write(records.EPOCH, logs)
 
-    def checkpointed(self, checkpoint: dict[str, Any]) -> None:
-        self._write(records.CHECKPOINT, checkpoint)
+    def on_checkpoint(self, info: CheckpointInfo) -> None:
+        self._write(records.CHECKPOINT, {"name": info.name, "step": info.step,
+                                         "epoch": info.epoch,
+                                         "folder": os.path.abspath(info.directory)})
         self.appender.write_soon()  # the record names the checkpoint a rerun resumes from
 
-    def happened(self, event: str, message: str) -> None:
+    def on_event(self, event: str, message: str) -> None:
         self._write(records.EVENT, {"event": event, "message": message})
 
-    def ended(self, end: Any) -> None:
+    def on_end(self, end: Any) -> None:
         self._write(records.END, {"status": end.status, "reason": end.reason,
                                   "step": end.step, "epoch": end.epoch, "best": end.best})
         self.appender.flush(END_FLUSH_S)  # the process may end right after (a SIGTERM)

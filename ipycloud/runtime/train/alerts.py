@@ -1,19 +1,18 @@
-"""The alert follower of ``fit``: one message when a run ends (finished, failed with its
-error's line, paused, stopped early), queued for the alert thread (``runtime.notify``)."""
+"""The alerts of ``fit``: one message when a run ends (finished, failed with its error's
+line, paused, stopped early), queued for the alert thread (``runtime.notify``)."""
 
 from __future__ import annotations
 
 import socket
 import time
-from typing import cast
 
 from ipycloud.runtime import notify
-from ipycloud.runtime.train.followers import (
+from ipycloud.runtime.train.callback import (
     FAILED,
     FINISHED,
     PAUSED,
     STOPPED_EARLY,
-    Follower,
+    Callback,
     RunEnd,
     RunStart,
 )
@@ -23,7 +22,7 @@ _KINDS = {FINISHED: "finished", FAILED: "failed", PAUSED: "paused",
           STOPPED_EARLY: "stopped_early"}
 
 
-class AlertFollower:
+class RunAlerts(Callback):
     """Tells the configured URLs how a run ended."""
 
     def __init__(self, start: RunStart) -> None:
@@ -31,11 +30,11 @@ class AlertFollower:
         self._began = time.monotonic()
         self._sigterm: str | None = None  # why a paused run paused, when the machine went
 
-    def happened(self, event: str, message: str) -> None:
+    def on_event(self, event: str, message: str) -> None:
         if event == "sigterm":
             self._sigterm = message
 
-    def ended(self, end: RunEnd) -> None:
+    def on_end(self, end: RunEnd) -> None:
         kind = _KINDS.get(end.status, end.status)
         where = f"step {end.step}, epoch {end.epoch}"
         total = self.start.total_steps
@@ -49,8 +48,8 @@ class AlertFollower:
         notify.notify(kind, f"ipycloud: training {end.status}", "\n".join(lines))
 
 
-def alert_follower(start: RunStart) -> Follower | None:
-    """An alert follower for the process that shows the run, when alerts are configured."""
+def run_alerts(start: RunStart) -> RunAlerts | None:
+    """The alerts of a run, for the process that shows it, when alerts are configured."""
     if not start.main or not notify.configured():
         return None
-    return cast("Follower", AlertFollower(start))  # the methods it lacks are not called
+    return RunAlerts(start)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.messages import os_reason
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.checkpoint import CheckpointManager
+
+DEFAULT_CHECKPOINT_EVERY_S = 600.0  # fit's periodic saves, unless told otherwise
 
 
 def check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
@@ -35,26 +40,46 @@ def check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,
                          "this model, e.g. torch.optim.AdamW(model.parameters())")
 
 
+def check_numbers(clip_grad_norm: Any, seed: Any) -> None:
+    """TypeError or ValueError for a ``clip_grad_norm`` or a ``seed`` fit cannot use."""
+    if clip_grad_norm is not None and (isinstance(clip_grad_norm, bool) or not isinstance(
+            clip_grad_norm, int | float) or not clip_grad_norm > 0):
+        raise ValueError(f"clip_grad_norm must be a positive number (the largest gradient "
+                         f"norm), not {clip_grad_norm!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be a whole number >= 0, not {seed!r}")
+
+
 def check_progress(progress: Any) -> None:
     if progress not in (True, False, "bar") or not isinstance(progress, bool | str):
         raise ValueError(f"progress must be True (a bar, and live curves in a notebook), "
                          f"'bar' (the bar only) or False, not {progress!r}")
 
 
-def checkpoint_seconds(every: str | int) -> float | None:
+def checkpoint_schedule(every: Any, every_steps: Any) -> tuple[float | None, int | None]:
+    """(seconds, steps) between periodic saves: ``every`` a duration ("10m", or seconds;
+    10 minutes when neither is given), or ``every_steps`` optimizer steps, not both."""
     from ipycloud.runtime.units import parse_duration
 
-    if isinstance(every, bool):
-        raise ValueError(f"checkpoint_every must be a duration like '10m' or a step count, "
-                         f"not {every!r}")
-    if isinstance(every, int):
-        if every < 1:
-            raise ValueError(f"checkpoint_every must be at least 1 step, not {every}")
-        return None
-    return parse_duration(every)
+    if every_steps is not None:
+        if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
+            raise ValueError(f"checkpoint_every_steps must be a number of optimizer steps "
+                             f">= 1, not {every_steps!r}")
+        if every is not None:
+            raise ValueError("give checkpoint_every (a duration) or checkpoint_every_steps "
+                             "(a number of steps), not both")
+        return None, every_steps
+    if every is None:
+        return DEFAULT_CHECKPOINT_EVERY_S, None
+    if isinstance(every, str):
+        return parse_duration(every), None
+    if isinstance(every, int | float) and not isinstance(every, bool) and every > 0:
+        return float(every), None
+    raise TypeError(f"checkpoint_every is a duration such as '10m' or a number of seconds, "
+                    f"not {every!r}; to save every N steps, pass checkpoint_every_steps=N")
 
 
-def checkpoint_manager(checkpoint: Any) -> Any:
+def checkpoint_manager(checkpoint: Any) -> CheckpointManager | None:
     from ipycloud.runtime.checkpoint import CheckpointManager, manager_for
 
     if checkpoint is None:

@@ -9,85 +9,62 @@ interrupting it, continues the run bit for bit (on the CPU) instead of starting 
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
+import functools
 import time
-import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ipycloud.runtime._optional import require
-from ipycloud.runtime.checkpoint import (
-    CheckpointError,
-    CheckpointMismatchError,
-    CheckpointStorageError,
-    auto,
-    rng,
-)
-from ipycloud.runtime.checkpoint.resilient import (
-    FINAL_COPY_WAIT_S,
-    ResilientSaver,
-    resilient_saver,
-)
-from ipycloud.runtime.runs.best import best_epoch
+from ipycloud.runtime.checkpoint import CheckpointInfo, CheckpointManager
 from ipycloud.runtime.runs.recorder import record_run
-from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train import resume as resuming
-from ipycloud.runtime.train.alerts import alert_follower
+from ipycloud.runtime.train.alerts import run_alerts
 from ipycloud.runtime.train.arguments import (
     check_arguments,
     check_epoch_metric,
+    check_numbers,
     check_progress,
     check_release,
     checkpoint_manager,
-    checkpoint_seconds,
-    unreadable_at_start,
+    checkpoint_schedule,
 )
 from ipycloud.runtime.train.buckets import rebuilds_buckets, settle_buckets
-from ipycloud.runtime.train.callbacks import Callbacks, EarlyStopping, early_stopping
-from ipycloud.runtime.train.data import EpochData
-from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
-from ipycloud.runtime.train.followers import (
+from ipycloud.runtime.train.callback import (
     FAILED,
     FINISHED,
     PAUSED,
     STOPPED_EARLY,
-    Followers,
-    RunEnd,
-    RunStart,
-    start_following,
+    Callback,
+    RunCallbacks,
+    check_callbacks,
+    own_callbacks,
 )
+from ipycloud.runtime.train.checkpointing import RunCheckpoints
+from ipycloud.runtime.train.data import EpochData
+from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
+from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.history import History
 from ipycloud.runtime.train.interrupt import (
     DeferredInterrupt,
     FitInterrupted,
-    GroupStopped,
     Preemption,
 )
-from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision, resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
-from ipycloud.runtime.train.stop_vote import INTERRUPT, SIGTERM, StopVote
+from ipycloud.runtime.train.run_events import RunEvents
+from ipycloud.runtime.train.step_runner import NonFiniteLossError, StepRunner
+from ipycloud.runtime.train.stop_control import Phase, StopControl
+from ipycloud.runtime.train.stop_vote import StopVote
 from ipycloud.runtime.train.validation import check_metrics, validate
 from ipycloud.runtime.train.workers import LoaderIterators
-from ipycloud.runtime.train.xla import OnCpu
-from ipycloud.runtime.units import counted, finite_number
+
+__all__ = ["NonFiniteLossError", "fit"]  # the first raised by the step runner
 
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
-MAX_SKIPPED_FP16_STEPS = 25
-PREEMPTED_COPY_WAIT_S = 5.0  # at SIGTERM, how long the last copy back may take
-# Where the run stands, for a SIGTERM: in the first three, the live state is that of the
-# last finished step, the random generators' as they were when the phase began.
-STARTING, EPOCH_START, VALIDATING = "starting", "epoch start", "validating"
-FETCHING, TRAINING, SAVING = "fetching", "training", "saving"
-ENDING = "ending"  # after a failure: the end told, the last save waited for
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or infinite; the message names the step."""
 
 
 @dataclass
@@ -100,22 +77,26 @@ class _Plan:
     max_steps: int | None
     grad_accum: int
     clip_grad_norm: float | None
-    checkpoint_every_s: float | None
-    checkpoint_every_steps: int | None
+    checkpoint_every: tuple[float | None, int | None]  # (seconds, steps): one is None
     log_every: int
     metrics: dict[str, Any]
 
 
-def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | None = None,
-        max_steps: int | None = None, loss_fn: Any = None, val_data: Iterable[Any] | None = None,
-        metrics: Mapping[str, Any] | None = None, scheduler: Any = None,
-        precision: str = "auto", grad_accum: int = 1, clip_grad_norm: float | None = None,
-        device: Any = "auto", checkpoint: Any = None, checkpoint_every: str | int = "10m",
-        resume: bool | str | int = "auto", callbacks: Sequence[Any] = (),
-        early_stop: Sequence[Any] | None = None, log_every: int = LOG_EVERY,
-        progress: bool | Literal["bar"] = True, seed: int | None = None,
-        release: bool = False) -> History:
+def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *,
+        epochs: int | None = None, max_steps: int | None = None,
+        val_data: Iterable[Any] | None = None, loss_fn: Any = None,
+        metrics: Mapping[str, Any] | None = None,
+        scheduler: Any = None, grad_accum: int = 1, clip_grad_norm: float | None = None,
+        device: Any = "auto", precision: str = "auto",
+        checkpoint: Any = None, checkpoint_every: str | float | None = None,
+        checkpoint_every_steps: int | None = None, resume: bool | str | int = "auto",
+        release: bool = False,
+        callbacks: Sequence[Callback] = (), log_every: int = LOG_EVERY,
+        progress: bool | Literal["bar"] = True, seed: int | None = None) -> History:
     """Train ``model`` with ``optimizer`` on ``train_data``; returns the History.
+
+    Everything after ``train_data`` is a keyword, in groups: how long; what to validate;
+    how to step; where; checkpoints; what to tell and show.
 
     - ``epochs`` or ``max_steps`` (optimizer steps) bounds the run; neither means 1 epoch.
     - Batches are ``(inputs, targets)``, a lone input, or a mapping of the model's keyword
@@ -133,16 +114,17 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
       (micro-batches weighted by their samples, or by their labels that count);
       ``clip_grad_norm`` clips (after unscaling under fp16).
     - ``checkpoint`` (a folder or a CheckpointManager) is saved every ``checkpoint_every``
-      ("10m", or an int number of steps), at every epoch's end when the manager keeps the
-      best (``keep_best``; the epoch's metrics go with it), when interrupted, and at the
-      end; a CheckpointManager's ``background`` decides whether the periodic ones are
-      written in the background. ``resume="auto"`` continues from its latest checkpoint,
-      mid-epoch included; ``resume=False`` starts afresh; True, a step or a tag resumes
-      from that checkpoint.
-    - ``callbacks`` may define ``on_step_end(step, logs)`` (every optimizer step; the loss
-      is read every ``log_every`` steps and None in between), ``on_epoch_end(epoch, logs)``
-      and ``on_checkpoint(info)``; a hook returning True stops the run.
-      ``early_stop=("val_loss", 3)`` stops after 3 epochs without improvement.
+      (a duration: "10m", "1h30m" or a number of seconds; 10 minutes by default) or,
+      instead, every ``checkpoint_every_steps`` optimizer steps; also at every epoch's end
+      when the manager keeps the best (``keep_best``; the epoch's metrics go with it), when
+      interrupted, and at the end; a CheckpointManager's ``background`` decides whether
+      the periodic ones are written in the background. ``resume="auto"`` continues from
+      its latest checkpoint, mid-epoch included; ``resume=False`` starts afresh; True, a
+      step or a tag resumes from that checkpoint. ``release=True``: see below.
+    - ``callbacks``: ``ipycloud.Callback`` instances, told of the start, each step (the loss
+      read every ``log_every`` steps, None in between), epoch, checkpoint, event and the
+      end; a hook that raises StopTraining ends the run. ``EarlyStopping("val_loss",
+      patience=3)`` stops after 3 epochs without improvement.
     - Interrupting (the Stop button, Ctrl-C) finishes the current step, saves a checkpoint
       and raises FitInterrupted, a KeyboardInterrupt that notebooks show as the one line it
       printed: rerunning the cell continues. A second interrupt
@@ -166,6 +148,7 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
 
     check_group_started()
     check_arguments(model, optimizer, train_data, epochs, max_steps, grad_accum, log_every)
+    check_numbers(clip_grad_norm, seed)
     check_progress(progress)
     manager = checkpoint_manager(checkpoint)
     resuming.check_resume(resume, manager is not None)
@@ -175,18 +158,16 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *, epochs: int | 
         choice=choice, precision=resolve_precision(precision, choice.device, choice.kind),
         epochs=epochs if epochs is not None or max_steps is not None else 1,
         max_steps=max_steps, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
-        checkpoint_every_s=checkpoint_seconds(checkpoint_every), log_every=log_every,
-        checkpoint_every_steps=checkpoint_every if isinstance(checkpoint_every, int) else None,
-        metrics=check_metrics(metrics))
-    stopping = early_stopping(early_stop)
-    watched = {"early_stop": stopping.metric if stopping else None,
-               "the checkpoint's keep_best": manager.keep_best[0]
-               if manager is not None and manager.keep_best else None}
-    for what, metric in watched.items():
-        if metric is not None:
-            check_epoch_metric(metric, what, val_data is not None, plan.metrics)
-    trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan,
-                       Callbacks([*callbacks, *([stopping] if stopping else [])]),
+        checkpoint_every=checkpoint_schedule(checkpoint_every, checkpoint_every_steps),
+        log_every=log_every, metrics=check_metrics(metrics))
+    user_callbacks = check_callbacks(callbacks)
+    watched = [("EarlyStopping", callback.metric) for callback in user_callbacks
+               if isinstance(callback, EarlyStopping)]
+    if manager is not None and manager.keep_best:
+        watched.append(("the checkpoint's keep_best", manager.keep_best[0]))
+    for what, metric in watched:
+        check_epoch_metric(metric, what, val_data is not None, plan.metrics)
+    trainer = _Trainer(model, optimizer, scheduler, loss_fn, plan, RunCallbacks(user_callbacks),
                        seed if seed is not None else torch.initial_seed() % 2**31)
     try:
         history = trainer.run(train_data, val_data, manager, resume, progress)
@@ -207,7 +188,7 @@ class _Trainer:
     """One run of ``fit``: the live objects, the plan, and the loop over steps."""
 
     def __init__(self, model: Any, optimizer: Any, scheduler: Any, loss_fn: Any, plan: _Plan,
-                 callbacks: Callbacks, seed: int) -> None:
+                 callbacks: RunCallbacks, seed: int) -> None:
         from ipycloud.runtime.train import distributed
 
         self.plan, self.callbacks, self.seed = plan, callbacks, seed
@@ -216,200 +197,143 @@ class _Trainer:
         self.dist = distributed.distributed_info()
         self.main = distributed.is_main_process()
         self.model = distributed.wrap_for_distributed(self.raw_model, self.device)
-        self._no_sync = getattr(self.model, "no_sync", None)  # DistributedDataParallel's
         self.optimizer, self.scheduler = optimizer, scheduler
-        self._steps_on_metric = scheduler is not None and _steps_on_metric(scheduler)
-        self.scaler = plan.precision.scaler(self.device)
-        self.loss_fn = loss_fn
-        self.loss_rule: LossRule | None = None
-        self.shifted = batch_parts.shifts_labels(self.raw_model)
+        self.runner = StepRunner(self.model, self.raw_model, optimizer, scheduler, loss_fn,
+                                 self.device, plan.precision, plan.choice.kind == "xla",
+                                 plan.clip_grad_norm)
         self.history = History(device=str(self.device), precision=plan.precision.name)
         self.step = 0  # optimizer steps taken
         self.data: EpochData = None  # type: ignore[assignment]  # set when the run starts
         self.loaders = LoaderIterators()  # what the run reads, its workers ended after it
-        self.xla = plan.choice.kind == "xla"
-        self._losses: list[Any] = []  # step losses since the last read, on the device
-        self._window: list[float] = []  # step losses read since the last logged row
-        self._moves_batches = not self.xla and self.device.type != "cpu"
-        self._skipped_in_a_row = 0  # fp16 steps skipped by the scaler
-        self._reported_checkpoint: str | None = None  # the last one told to callbacks
-        self._unreported = False  # whether a save may be written and not told of yet
-        self._saved_at: tuple[int, int] | None = None  # (step, epoch) of the last save
-        self._last_save = time.monotonic()
-        self._interrupt: DeferredInterrupt | None = None
-        self._changed: list[str] = []  # settings a resumed checkpoint replaced
-        self._notes: list[str] = []  # said before the first step
-        self.saver: ResilientSaver | None = None  # saves around a failing folder
-        self.manager: Any = None
-        # The checkpoint the run continues from (its name and folder), if it resumed.
-        self._resumed_from: tuple[str, Any] | None = None
-        self._preemption: Preemption | None = None
-        self._bar = Progress(False)  # the run's, once it starts
-        self._phase = STARTING
-        self._rng_states: dict[str, Any] = {}  # as they were when the phase began
-        self.followers = Followers()  # told what happens, once the steps begin
-        self._ended = False  # whether the followers were told how the run ended
+        self.window: list[float] = []  # step losses read since the last logged row
+        self.checkpoints = RunCheckpoints(self, None)  # the run's, once it starts
+        self.bar = Progress(False)  # the run's, once it starts
+        self.stops = StopControl(self)  # the interrupt, the SIGTERM, the vote and the phase
+        self.events = RunEvents(self)  # what the callbacks are told of the run as a whole
         self._logged_at: tuple[int, float] | None = None  # (step, time) of the last row
-        self._vote: StopVote | None = None  # the ranks' agreement on when to stop
         self._settling = False  # whether DDP's buckets are settled before the first step
-        self._told_unranked: set[str] = set()  # metrics told of being NaN or infinite
 
     # -- the run --------------------------------------------------------------------------
 
-    def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None, manager: Any,
-            resume: bool | str | int, progress: bool | Literal["bar"]) -> History:
-        if manager is not None:
-            self.saver = resilient_saver(manager)
-        resumed = self._resume(manager, resume) if manager is not None else None
-        self.data = EpochData(train_data, self.seed, *self._rank_and_world(), self.loaders)
+    def run(self, train_data: Iterable[Any], val_data: Iterable[Any] | None,
+            manager: CheckpointManager | None, resume: bool | str | int,
+            progress: bool | Literal["bar"]) -> History:
+        checkpoints = self.checkpoints = RunCheckpoints(self, manager)
+        resumed = checkpoints.resume(resume)
+        self.data = EpochData(train_data, self.seed, *self.rank_and_world(), self.loaders)
         if resumed is not None:
             self.data.resume(resumed.data_position or {})
-            self._saved_at = self._position()
-            self._settling = rebuilds_buckets(self.model, self._rank_and_world()[1])
+            checkpoints.saved_at = self.position()
+            self._settling = rebuilds_buckets(self.model, self.rank_and_world()[1])
         if manager is not None:
             self.data.check_reproducible()
         if self.data.batches_per_epoch() == 0:
             raise ValueError("train_data is empty: it gave no batch")
         bar = Progress(bool(progress) and self.main)
         if self._finished():
-            bar.say(self._complete_line(resumed))
-            if (self.main and self.saver is not None and resumed is not None
-                    and resumed.directory != manager.directory):
-                bar.say(f"ipycloud.fit: {self.saver.finish()}")  # once it is copied back
+            bar.say(self.events.complete_line(resumed))
+            if (checkpoints.writes and checkpoints.saver is not None and manager is not None
+                    and resumed is not None and resumed.directory != manager.directory):
+                bar.say(f"ipycloud.fit: {checkpoints.saver.finish()}")  # once copied back
             return self.history
         try:
             # From its first line on, the Stop button pauses the run.
             with DeferredInterrupt("ipycloud.fit: interrupted; stopping after this step "
-                                   "(interrupt again to stop at once)") as self._interrupt:
-                self._start(manager, resumed, val_data, progress, bar)
-                with Preemption(self._save_on_sigterm, main=self.main) as self._preemption:
-                    self._train_or_fail(val_data, manager, bar)
+                                   "(interrupt again to stop at once)") as self.stops.interrupt:
+                self._start(resumed, val_data, progress, bar)
+                stops = self.stops
+                with Preemption(stops.save_on_sigterm, main=self.main) as stops.preemption:
+                    self._train_or_fail(val_data, bar)
         except BaseException as error:
-            self._fail(error)
+            self.events.fail(error)
             raise  # a vote still open is left: its peers may be gone
         finally:
             bar.close()
-            if self.saver is not None:
-                self.saver.listener = None
-        if self._vote is not None:
-            self._vote.close()
-        self._tell_end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
-            else self._tell_end(FINISHED, None)
+            if checkpoints.saver is not None:
+                checkpoints.saver.listener = None
+        if self.stops.vote is not None:
+            self.stops.vote.close()
+        self.events.end(STOPPED_EARLY, self.history.stopped) if self.history.stopped \
+            else self.events.end(FINISHED, None)
         return self.history
 
-    def _start(self, manager: Any, resumed: Any, val_data: Iterable[Any] | None,
+    def _start(self, resumed: CheckpointInfo | None, val_data: Iterable[Any] | None,
                progress: bool | Literal["bar"], bar: Progress) -> None:
-        """Say how the run starts, and start its record and followers."""
-        for line in self._first_lines(resumed, val_data):
+        """Say how the run starts, and start its record and callbacks."""
+        for line in self.events.first_lines(resumed, val_data):
             bar.say(line)
-        bar.start(self._total_steps(), self.step)
-        self.manager, self._bar = manager, bar
-        self._enter(STARTING)
-        self.followers = start_following(self._run_start(manager, curves=progress is True),
-                                         built_in=[record_run, alert_follower])
+        bar.start(self.total_steps(), self.step)
+        self.bar = bar
+        self.stops.captures_rng = self.checkpoints.writes
+        self.stops.enter(Phase.STARTING)
+        start = self.events.start_of(curves=progress is True)
+        self.callbacks.join(own_callbacks(start, built_in=[record_run, run_alerts]))
+        self.callbacks.tell("on_start", start)
         if resumed is not None:
-            self.followers.tell("happened", "resume", f"resuming from {resumed.name} (step "
+            self.callbacks.tell("on_event", "resume", f"resuming from {resumed.name} (step "
                                 f"{resumed.step}, epoch {self.data.epoch})")
-        if self.saver is not None:
-            self.saver.listener = self._storage_event
+        if self.checkpoints.saver is not None:  # what it tells of a failing folder
+            self.checkpoints.saver.listener = functools.partial(self.callbacks.tell, "on_event")
         self._logged_at = (self.step, time.monotonic())
         if self.dist is not None and self.dist.world_size > 1:
-            self._vote = StopVote(self.dist.rank)
+            self.stops.vote = StopVote(self.dist.rank)
 
-    def _train_or_fail(self, val_data: Iterable[Any] | None, manager: Any,
-                       bar: Progress) -> None:
+    def _train_or_fail(self, val_data: Iterable[Any] | None, bar: Progress) -> None:
         """Train; on an error, tell the run's end while a SIGTERM still waits for it."""
-        assert self._preemption is not None
+        preemption = self.stops.preemption
+        assert preemption is not None
         try:
-            self._train(val_data, manager, bar)
+            self._train(val_data, bar)
         except Exception as error:
-            if self._preemption.requested and self._phase == FETCHING:
-                self._end_preempted(bar)  # its workers got the SIGTERM too
+            if preemption.requested and self.stops.phase is Phase.FETCHING:
+                self.stops.end_preempted(bar)  # its workers got the SIGTERM too
             # Still under Preemption: a SIGTERM now (torchrun sends one right after a
             # peer fails) waits until the end is told and the last save written, then
             # takes its course.
-            self._fail(error)
-            if self._preemption.requested:
-                self._preemption.end()
+            self.events.fail(error)
+            if preemption.requested:
+                preemption.end()
             raise
-
-    def _fail(self, error: BaseException) -> None:
-        """Tell how the run ended, and let the last good checkpoint finish writing."""
-        if self._phase == ENDING:
-            return
-        self._phase = ENDING
-        if _out_of_memory(error):
-            self.followers.tell("happened", "out_of_memory", _first_line(error))
-        self._record_last_save()
-        if isinstance(error, KeyboardInterrupt):
-            self._tell_end(*self._interrupted(error))
-        else:
-            self._tell_end(FAILED, _first_line(error))
-
-    def _record_last_save(self) -> None:
-        """Wait for a save still being written, and record it before the run's end."""
-        if self.saver is not None:
-            with contextlib.suppress(Exception):
-                self._report_checkpoint(self.saver.wait())
-
-    def _interrupted(self, error: KeyboardInterrupt) -> tuple[str, str]:
-        """How an interrupt ended the run: paused where a checkpoint holds the step it
-        stopped at (or none was asked for); failed where it stopped at once (a second
-        interrupt) before saving that step, saying which checkpoint a rerun continues
-        from (only the first rank saves; the last save is recorded by then)."""
-        if isinstance(error, FitInterrupted) or self.saver is None or not self.main:
-            return PAUSED, _first_line(error)
-        newest = self.saver.newest
-        if newest is not None and newest.step == self.step:
-            return PAUSED, _first_line(error)
-        where = (f"the newest checkpoint is step {newest.step}: rerunning continues from it"
-                 if newest is not None else
-                 "no checkpoint of this run was saved: rerunning starts over")
-        line = (f"ipycloud.fit: interrupted at step {self.step} and stopped at once, "
-                f"without saving it; {where}")
-        self._bar.close()
-        print(line, flush=True)
-        return FAILED, f"KeyboardInterrupt: {line}"
 
     def release(self) -> None:
         """Give the machine back after a run that ended well (``fit(release=True)``)."""
         if self.dist is not None:
             if self.main:
                 keep_machine("it does not apply inside launch, whose ranks share the machine")
-        elif self.saver is not None:
-            release_when_safe(self.saver, self.step)
+        elif self.checkpoints.saver is not None:
+            release_when_safe(self.checkpoints.saver, self.step)
 
-    def _train(self, val_data: Iterable[Any] | None, manager: Any, bar: Progress) -> None:
-        if self._vote is None and self._interrupt is not None and self._interrupt.requested:
-            self._pause(manager, bar)  # Stop pressed as the run started: no step taken
+    def _train(self, val_data: Iterable[Any] | None, bar: Progress) -> None:
+        checkpoints = self.checkpoints
+        keeps_best = checkpoints.manager is not None and checkpoints.manager.keep_best is not None
+        if self.stops.vote is None and self.stops.interrupted:
+            self.stops.pause(bar)  # Stop pressed as the run started: no step taken
         # A stop is noted before the step's or the epoch's save, which then holds it: a
         # rerun resumed from that save finds the run complete.
         while not self._finished():
             started = time.monotonic()
             for _ in self._epoch_steps(bar):
-                self._note_stop(bar)
-                self._between_steps(manager, bar)
+                self.events.note_stop(bar)
+                self._between_steps(bar)
                 if self._finished():
                     break
             else:
                 self._end_epoch(val_data, time.monotonic() - started, bar)
-                self._note_stop(bar)
-                if manager is not None and (manager.keep_best is not None
-                                            or self._checkpoint_due()):
-                    self._save(manager, blocking="auto")
-                self._pause_if_interrupted(manager, bar)
+                self.events.note_stop(bar)
+                if keeps_best or checkpoints.due():
+                    checkpoints.save(blocking="auto")
+                self.stops.pause_if_asked(bar)
         self._log(bar)
-        if manager is not None:
-            self._save_last(manager, bar)
+        checkpoints.save_last(bar)
 
-    def _between_steps(self, manager: Any, bar: Progress) -> None:
+    def _between_steps(self, bar: Progress) -> None:
         # A save due at an epoch's last step waits for the epoch's end, a moment later,
         # where it is taken with the epoch's metrics (and is not taken twice).
-        if manager is not None and self._checkpoint_due() and not self.data.at_epoch_end():
-            self._save(manager, blocking="auto")
+        if self.checkpoints.due() and not self.data.at_epoch_end():
+            self.checkpoints.save(blocking="auto")
         if self.main:
-            self._auto_checkpoint(bar)
-        self._pause_if_interrupted(manager, bar)
+            self.checkpoints.auto_checkpoint(bar)
+        self.stops.pause_if_asked(bar)
 
     def _epoch_steps(self, bar: Progress) -> Iterator[None]:
         """Train through the rest of the current epoch, yielding after each optimizer step.
@@ -417,19 +341,19 @@ class _Trainer:
         Micro-batches left over at the end of the epoch make one last, smaller step.
         """
         self.model.train()
-        self._enter(EPOCH_START)  # until the first batch, as the loader starts its workers
-        batches = self._fetched(self._on_device(self.data.epoch_batches()))
+        self.stops.enter(Phase.EPOCH_START)
+        batches = self.stops.fetching(self.runner.on_device(self.data.epoch_batches()))
         if self._settling:
             batches = self._settled(batches)
         if self.plan.grad_accum == 1:  # the common case, on the shortest path
             for batch in batches:
-                self._train_batch(batch)
+                self.runner.train_batch(batch)
                 self.data.consumed(1)
                 self._finish_step(bar)
                 yield
         else:
             for group in _groups(batches, self.plan.grad_accum):
-                self._train_group(group)
+                self.runner.train_group(group)
                 self.data.consumed(len(group))
                 self._finish_step(bar)
                 yield
@@ -446,138 +370,29 @@ class _Trainer:
         if first is _END:
             return
         self._settling = False
-        settle_buckets(self.model, lambda: self._forward(first)[2])
+        settle_buckets(self.model, lambda: self.runner.forward(first)[2])
         yield first
         yield from batches
 
-    def _fetched(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """``batches``, the phase saying when the loop waits for the next one."""
-        iterator = iter(batches)
-        while True:
-            if self._phase != EPOCH_START:
-                self._phase = FETCHING
-            batch = next(iterator, _END)
-            if batch is _END:
-                return
-            self._phase = TRAINING
-            yield batch
-
-    def _train_batch(self, batch: Any) -> None:
-        """Forward and backward over an optimizer step of one batch."""
-        _, _, loss = self._forward(batch)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        self._losses.append(loss.detach())
-
-    def _train_group(self, group: list[Any]) -> None:
-        """Forward and backward over one optimizer step's micro-batches.
-
-        Each micro-batch's mean loss is weighted by its share of the group's items, so the
-        gradient equals that of the group as one batch; under DDP only the last one
-        all-reduces.
-        """
-        weights = self._weights(group) if len(group) > 1 else None
-        step_loss = None
-        for index, batch in enumerate(group):
-            with self._gradient_sync(index == len(group) - 1):
-                _, _, loss = self._forward(batch)
-                if weights is not None:
-                    loss = loss * weights[index]
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-        self._losses.append(step_loss)
-
-    def _weights(self, group: list[Any]) -> list[Any]:
-        counts_labels = self.loss_fn is None
-        counts = [batch_parts.items_in(batch, batch_parts.split(batch)[1], shifted=self.shifted,
-                                       counts_labels=counts_labels) for batch in group]
-        total = sum(counts)
-        return [count / total for count in counts]
-
-    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext() if last or self._no_sync is None else self._no_sync()
-
     def _finish_step(self, bar: Progress) -> None:
-        self._optimizer_step()
+        self.runner.optimizer_step(self.step + 1)
         self.step += 1
         row = self._log(bar) if self.step % self.plan.log_every == 0 else None
-        if self.callbacks.callbacks:
-            logs = row or {"step": self.step, "epoch": self.data.epoch, "loss": None,
-                           "lr": self._lr()}
-            self.callbacks.call("on_step_end", self.step, dict(logs))
+        if self.callbacks.per_step:
+            self.callbacks.step(self.step, row or {
+                "step": self.step, "epoch": self.data.epoch, "loss": None, "lr": self.runner.lr(),
+                "steps_per_s": None, "samples_per_s": None})
 
-    def _on_device(self, batches: Iterable[Any]) -> Iterable[Any]:
-        """The batches on the training device: through torch_xla's loader on XLA."""
-        if self.xla:
-            from ipycloud.runtime.train import xla
+    def restore(self, history: dict[str, Any], info: CheckpointInfo) -> None:
+        """Take up where checkpoint ``info`` stands: its history, step and data seed."""
+        self.history.restore(history)
+        self.window = list(history.get("loss_window", []))
+        self.step = info.step
+        self.seed = (info.data_position or {}).get("seed", self.seed)
 
-            return xla.device_loader(batches, self.device)
-        if self._moves_batches:
-            return (batch_parts.to_device(batch, self.device) for batch in batches)
-        return batches
-
-    def _forward(self, batch: Any) -> tuple[Any, Any, Any]:
-        """Outputs, targets and loss of one batch, under the run's autocast."""
-        inputs, targets = batch_parts.split(batch)
-        with self.plan.precision.autocast(self.device):
-            outputs = batch_parts.call(self.model, inputs)
-            return outputs, targets, self._loss(outputs, targets, batch)
-
-    def _optimizer_step(self) -> None:
-        if self.plan.clip_grad_norm is not None:
-            import torch
-
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.clip_grad_norm)
-        if self.scaler is not None:
-            self._scaled_step()
-        elif self.xla:
-            from ipycloud.runtime.train import xla
-
-            xla.optimizer_step(self.optimizer)
-        else:
-            self.optimizer.step()
-        if self.scheduler is not None and not self._steps_on_metric:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _scaled_step(self) -> None:
-        """An fp16 step; overflowing steps are skipped by the scaler, but not forever."""
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        skipped = self.scaler.get_scale() < scale
-        self._skipped_in_a_row = self._skipped_in_a_row + 1 if skipped else 0
-        if self._skipped_in_a_row >= MAX_SKIPPED_FP16_STEPS:
-            raise NonFiniteLossError(
-                f"fp16 gradients overflowed {self._skipped_in_a_row} optimizer steps in a "
-                f"row, up to step {self.step + 1}: the loss scale fell to "
-                f"{self.scaler.get_scale():g}; try precision='bf16' or 'fp32', or a lower "
-                "learning rate")
-
-    def _loss(self, outputs: Any, targets: Any, batch: Any) -> Any:
-        if self.loss_fn is not None:
-            return self.loss_fn(outputs, targets if targets is not None else batch)
-        labels = batch_parts.labels_of(batch, targets)
-        if self.loss_rule is None:
-            self.loss_rule = pick_loss(outputs, labels, self.shifted)
-        return self.loss_rule.compute(outputs, labels)
-
-    def _read_losses(self) -> None:
-        """Bring the step losses gathered on the device to the host (one device sync) and
-        stop the run at a NaN or infinite one."""
-        if not self._losses:
-            return
-        import torch
-
-        values = torch.stack(self._losses).float().cpu().tolist()
-        self._losses = []
-        first = self.step - len(values) + 1
-        self._window += values
-        if not all(map(math.isfinite, values)):
-            raise NonFiniteLossError(
-                f"the loss is {sum(values) / len(values)} in optimizer steps {first} to "
-                f"{self.step} (epoch {self.data.epoch}); earlier checkpoints are intact")
+    def read_losses(self) -> None:
+        """Bring the step losses to the host and stop the run at a NaN or infinite one."""
+        self.window += self.runner.read_losses(self.step, self.data.epoch)
 
     def _log(self, bar: Progress) -> dict[str, Any] | None:
         """Report the mean loss of the steps since the last row, as a row of the history.
@@ -587,17 +402,18 @@ class _Trainer:
         """
         import torch
 
-        self._read_losses()
-        window, self._window = self._window, []
+        self.read_losses()
+        window, self.window = self.window, []
         if not window:
             return None
         mean = float(torch.tensor(window, dtype=torch.float32).mean())
-        row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self._lr()}
+        row = {"step": self.step, "epoch": self.data.epoch, "loss": mean, "lr": self.runner.lr()}
         self.history.steps.append(row)
         bar.advance(len(window), loss=mean, lr=row["lr"])
-        self.followers.tell("stepped", {**row, **self._pace()})
-        self._report_written_save()
-        return row
+        told = {**row, **self._pace()}
+        self.callbacks.row(self.step, told)
+        self.checkpoints.report_written()
+        return told
 
     def _pace(self) -> dict[str, float | None]:
         """Optimizer steps and samples a second since the previous logged row."""
@@ -608,12 +424,9 @@ class _Trainer:
             return {"steps_per_s": None, "samples_per_s": None}
         steps_per_s = (self.step - last_step) / (now - last_time)
         batch = self.data.batch_size
-        samples = batch * self.plan.grad_accum * self._rank_and_world()[1] if batch else None
+        samples = batch * self.plan.grad_accum * self.rank_and_world()[1] if batch else None
         return {"steps_per_s": steps_per_s,
                 "samples_per_s": steps_per_s * samples if samples else None}
-
-    def _lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def _end_epoch(self, val_data: Iterable[Any] | None, seconds: float, bar: Progress) -> None:
         epoch = self.data.epoch
@@ -622,44 +435,23 @@ class _Trainer:
         if epoch_steps:
             logs["train_loss"] = sum(epoch_steps) / len(epoch_steps)
         if val_data is not None:
-            self._enter(VALIDATING)
+            self.stops.enter(Phase.VALIDATING)
             self.model.eval()
-            logs.update(validate(self._forward, self._on_device(self.loaders.iterate(val_data)),
-                                 self.plan.metrics, self.shifted))
+            batches = self.runner.on_device(self.loaders.iterate(val_data))
+            logs.update(validate(self.runner.forward, batches, self.plan.metrics,
+                                 self.runner.shifted))
             self.model.train()
-            self._phase = TRAINING
-        if self._steps_on_metric:
+            self.stops.enter(Phase.TRAINING)
+        if self.runner.steps_on_metric:
             self.scheduler.step(logs["val_loss" if val_data is not None else "train_loss"])
         logs["seconds"] = round(seconds, 3)
         self.history.epochs.append(logs)
-        self.followers.tell("epoch_ended", dict(logs))
-        self._tell_unranked(logs)
         bar.say(f"epoch {epoch}: " + ", ".join(
             f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
             for key, value in logs.items() if key != "epoch"))
-        self.callbacks.call("on_epoch_end", epoch, dict(logs))
+        self.callbacks.tell("on_epoch", epoch, dict(logs))
+        self.events.unranked(logs)
         self.data.next_epoch()
-
-    def _tell_unranked(self, logs: dict[str, Any]) -> None:
-        """Warn, once a run for each, of a metric that keep_best or early_stop watches
-        being NaN or infinite: it counts neither as the best nor as an improvement."""
-        for metric in self._ranking_metrics() - self._told_unranked:
-            value = logs.get(metric)
-            if isinstance(value, float) and not finite_number(value):
-                self._told_unranked.add(metric)
-                line = (f"ipycloud.fit: {metric} is {'NaN' if value != value else value} at "
-                        f"epoch {logs['epoch']}: a value that is not a finite number counts "
-                        "neither as the best (keep_best) nor as an improvement (early_stop)")
-                warnings.warn(line, RuntimeWarning, stacklevel=2)
-                self.followers.tell("happened", "metric_not_finite", line)
-
-    def _ranking_metrics(self) -> set[str]:
-        """The metrics that keep_best and early_stop rank epochs by."""
-        metrics = {callback.metric for callback in self.callbacks.callbacks
-                   if isinstance(callback, EarlyStopping)}
-        if self.manager is not None and self.manager.keep_best is not None:
-            metrics.add(self.manager.keep_best[0])
-        return metrics
 
     # -- bounds, stops and checkpoints ----------------------------------------------------
 
@@ -670,98 +462,9 @@ class _Trainer:
             return True
         return self.plan.epochs is not None and self.data.epoch >= self.plan.epochs
 
-    def _note_stop(self, bar: Progress) -> None:
-        reason = self.callbacks.stop_reason
-        if reason and not self.history.stopped:
-            self.history.stopped = f"{reason} (step {self.step})"
-            bar.say(f"ipycloud.fit: {self.history.stopped}")
-            self.followers.tell("happened", "early_stop", self.history.stopped)
-
-    def _pause_if_interrupted(self, manager: Any, bar: Progress) -> None:
-        """After an interrupt: save where the run stands, say so, and stop the cell; after
-        a SIGTERM, save and let the process end. In a process group the ranks first agree
-        (a step late) on whether any of them got either, and stop together."""
-        preempted = self._preemption is not None and self._preemption.requested
-        interrupted = self._interrupt is not None and self._interrupt.requested
-        if self._vote is None:
-            if preempted:
-                self._end_preempted(bar)
-            if interrupted:
-                self._pause(manager, bar)
-            return
-        stop = self._vote.agree(SIGTERM if preempted else INTERRUPT if interrupted else None)
-        if stop is None:
-            return
-        if stop.kind == SIGTERM:
-            self._end_preempted(bar, stop.asker)
-        self._pause(manager, bar)
-
-    def _pause(self, manager: Any, bar: Progress) -> None:
-        """Save where the run stands, say so, and stop the cell (FitInterrupted)."""
-        self._read_losses()
-        if manager is None:
-            line = (f"ipycloud.fit: interrupted at step {self.step}; no checkpoint= was given, "
-                    "so rerunning this cell starts over (the model keeps what it learned)")
-        else:
-            self._save_last(manager, bar)
-            line = f"ipycloud.fit: interrupted at step {self.step}; rerun this cell to continue"
-        self.followers.tell("happened", "pause", line)
-        bar.close()
-        print(line, flush=True)
-        raise FitInterrupted(line)
-
     # -- SIGTERM ----------------------------------------------------------------------------
 
-    def _enter(self, phase: str) -> None:
-        """Begin a phase in which the live state stands still (see STARTING); the random
-        generators' states are kept for a SIGTERM's save, where this process saves."""
-        if self.main and self.saver is not None:
-            self._rng_states = rng.capture_rng_states()
-        self._phase = phase
-
-    def _save_on_sigterm(self) -> bool:
-        """From the SIGTERM handler: where the live state is the last finished step's,
-        save it now and return True; otherwise False, and the next step boundary saves."""
-        if self._phase not in (STARTING, EPOCH_START, VALIDATING):
-            return False
-        line = self._say_preempted(self._bar, rng_states=self._rng_states)
-        self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
-        return True
-
-    def _end_preempted(self, bar: Progress, asker: int | None = None) -> None:
-        """At a step boundary after a SIGTERM (to rank ``asker`` of the group, if not to
-        this process): save, say so, and let the signal end the process; a rank that did
-        not get the signal raises GroupStopped."""
-        self._read_losses()
-        line = self._say_preempted(bar, rng_states=None, asker=asker)
-        self._tell_end(PAUSED, _first_line(KeyboardInterrupt(line)))  # the signal ends it
-        assert self._preemption is not None
-        if not self._preemption.requested:
-            raise GroupStopped(f"{line} (rank {asker} got SIGTERM; this rank ends so that "
-                               "the group can restart without it)")
-        self._preemption.end()
-        raise KeyboardInterrupt(line)  # the signal's handler let the process live
-
-    def _say_preempted(self, bar: Progress, rng_states: dict[str, Any] | None,
-                       asker: int | None = None) -> str:
-        """Save where the run stands (the generators at ``rng_states``) and say so."""
-        who = "" if asker is None else f" to rank {asker}"
-        news = f"SIGTERM{who} at step {self.step}: the machine is going away"
-        bar.say(f"ipycloud.fit: {news}")
-        self.followers.tell("happened", "sigterm", news)
-        if self.manager is None:
-            line = (f"ipycloud.fit: stopped at step {self.step}; no checkpoint= was given, so "
-                    "the run is lost with the process")
-        else:
-            self._save_last(self.manager, bar, rng_states=rng_states,
-                            copy_wait_s=PREEMPTED_COPY_WAIT_S)
-            line = f"ipycloud.fit: saved step {self.step}; rerun this cell to continue"
-        bar.close()
-        if self.main:
-            print(line, flush=True)
-        return line
-
-    def _total_steps(self) -> int | None:
+    def total_steps(self) -> int | None:
         if self.plan.max_steps is not None:
             return self.plan.max_steps
         per_epoch = self.data.batches_per_epoch()
@@ -769,258 +472,12 @@ class _Trainer:
             return None
         return self.plan.epochs * -(-per_epoch // self.plan.grad_accum)  # a last, short step
 
-    def _checkpoint_due(self) -> bool:
-        saved_step = self._saved_at[0] if self._saved_at else 0
-        if self.plan.checkpoint_every_steps is not None:
-            return self.step - saved_step >= self.plan.checkpoint_every_steps
-        return (self.plan.checkpoint_every_s is not None
-                and time.monotonic() - self._last_save >= self.plan.checkpoint_every_s)
-
-    def _position(self) -> tuple[int, int]:
+    def position(self) -> tuple[int, int]:
         return self.step, self.data.epoch
 
-    def _state(self) -> dict[str, Any]:
-        history = {**self.history.to_state(), "loss_window": list(self._window)}
-        state: dict[str, Any] = {"model": OnCpu(self.raw_model) if self.xla else self.raw_model,
-                                 "optimizer": OnCpu(self.optimizer) if self.xla
-                                 else self.optimizer, "history": history}
-        if self.scheduler is not None:
-            state["scheduler"] = self.scheduler
-        if self.scaler is not None:
-            state["scaler"] = self.scaler
-        return state
-
-    def _epoch_metrics(self) -> dict[str, float] | None:
-        """The last epoch's metrics, for a checkpoint taken right at that epoch's end."""
-        if self.data.batches or not self.history.epochs:
-            return None
-        logs = self.history.epochs[-1]
-        if logs["epoch"] != self.data.epoch - 1:
-            return None
-        return {key: value for key, value in logs.items()
-                if isinstance(value, float) and key != "seconds"}
-
-    def _save(self, manager: Any, blocking: bool | Literal["auto"],
-              rng_states: dict[str, Any] | None = None) -> None:
-        """Save now; ``"auto"`` writes in the background where that costs the loop less.
-
-        A failing folder never ends the run: the saver writes around it (``resilient``).
-        ``rng_states``: the generators' states to record, if not as they are now.
-        """
-        self._read_losses()  # never checkpoint a NaN unseen (every rank checks)
-        self._saved_at, self._last_save = self._position(), time.monotonic()
-        if not self.main or self.saver is None:
-            return
-        phase, self._phase = self._phase, SAVING
-        try:
-            self._report_checkpoint(self.saver.wait())  # the previous, in the background
-            self.saver.save(self._state(), self.step, epoch=self.data.epoch,
-                            data_position=self.data.position(),
-                            metrics=self._epoch_metrics(), blocking=blocking,
-                            rng_states=rng_states)
-            if blocking is True:
-                self._report_checkpoint(self.saver.wait())
-            self._unreported = blocking is not True
-        finally:
-            self._phase = phase
-
-    def _report_written_save(self) -> None:
-        """Tell of a save written in the background since, without waiting for one still
-        being written (the next save would tell of it, minutes later)."""
-        if self._unreported and self.saver is not None and not self.manager.writing:
-            self._unreported = False
-            self._report_checkpoint(self.saver.wait())
-
-    def _save_last(self, manager: Any, bar: Progress,
-                   rng_states: dict[str, Any] | None = None,
-                   copy_wait_s: float = FINAL_COPY_WAIT_S) -> None:
-        """Save where the run stands unless that is saved (a background save that failed
-        is saved again), then say where the newest checkpoint is. CheckpointError when no
-        checkpoint of the run exists anywhere."""
-        if self._saved_at != self._position():
-            self._save(manager, blocking=True, rng_states=rng_states)
-        elif self.main and self.saver is not None:
-            self._report_checkpoint(self.saver.wait())
-            if self.saver.lost is not None:
-                self._save(manager, blocking=True, rng_states=rng_states)
-        if not self.main or self.saver is None:
-            return
-        where = self.saver.finish(copy_wait_s)
-        if where is not None:
-            bar.say(f"ipycloud.fit: {where}")
-        elif self._resumed_from is None:
-            raise CheckpointError(f"no checkpoint of this run could be saved, in "
-                                  f"{manager.directory} or in its fallback folder "
-                                  f"{manager.fallback}: the trained model is only in memory")
-
-    def _auto_checkpoint(self, bar: Progress) -> None:
-        """Save the ``%checkpoint auto`` objects when due: between steps their state is whole.
-
-        Checks ``due()`` first so that the losses are read (and a NaN stops the run) before
-        a save, never on the other steps.
-        """
-        registration = auto.registered()
-        if registration is None or not registration.due():
-            return
-        self._read_losses()
-        bar.say(f"ipycloud: automatic {registration.save_now().summary()}")
-
-    def _report_checkpoint(self, info: Any) -> None:
-        if info is None or info.name == self._reported_checkpoint:
-            return
-        self._reported_checkpoint = info.name
-        self.callbacks.call("on_checkpoint", info)
-        if self._resumed_from == (info.name, info.directory):
-            return  # not one this call wrote
-        self.followers.tell("checkpointed", {"name": info.name, "step": info.step,
-                                             "epoch": info.epoch,
-                                             "folder": os.path.abspath(info.directory)})
-
-    def _run_start(self, manager: Any, curves: bool) -> RunStart:
-        plan = self.plan
-        watched = self._watched(manager)
-        return RunStart(
-            run=self._run_id(manager),
-            folder=manager.directory if manager is not None else None, step=self.step,
-            epoch=self.data.epoch, total_steps=self._total_steps(), epochs=plan.epochs,
-            max_steps=plan.max_steps, main=self.main, curves=curves and self.main,
-            past_steps=tuple(self.history.steps), past_epochs=tuple(self.history.epochs),
-            details={"device": str(self.device), "precision": plan.precision.name,
-                     "model": type(self.raw_model).__name__,
-                     "parameters": sum(p.numel() for p in self.raw_model.parameters()),
-                     "optimizer": type(self.optimizer).__name__,
-                     "batch_size": self.data.batch_size,
-                     "grad_accum": plan.grad_accum,
-                     "world_size": self._rank_and_world()[1],
-                     "watch": watched and {"metric": watched[0], "mode": watched[1]}})
-
-    def _run_id(self, manager: Any) -> str | None:
-        """The id of the run the checkpoints go to, where this process writes them."""
-        if manager is None or not self.main:
-            return None
-        try:
-            return str(manager.run_id())
-        except CheckpointStorageError:  # the folder fails: its record goes under a new id
-            return None
-
-    def _watched(self, manager: Any) -> tuple[str, str] | None:
-        """The metric the run's best epoch is judged by, and whether lower is better: the
-        checkpoint's keep_best, else early stopping's."""
-        if manager is not None and manager.keep_best is not None:
-            return manager.keep_best[0], manager.keep_best[1]
-        stopping = next((callback for callback in self.callbacks.callbacks
-                         if isinstance(callback, EarlyStopping)), None)
-        return None if stopping is None else (stopping.metric, stopping.mode)
-
-    def _storage_event(self, event: str, message: str) -> None:
-        """What the checkpoint saver tells of a failing folder, for the followers."""
-        self.followers.tell("happened", event, message)
-
-    def _tell_end(self, status: str, reason: str | None) -> None:
-        if self._ended:  # a SIGTERM's end was told before its signal was delivered
-            return
-        self._ended = True
-        watched = self._watched(self.manager)
-        best = None if watched is None else best_epoch(self.history.epochs, *watched)
-        self.followers.tell("ended", RunEnd(status=status, reason=reason, step=self.step,
-                                            epoch=self.data.epoch, best=best))
-
-    def _resume(self, manager: Any, resume: bool | str | int) -> Any:
-        """The checkpoint the run continues from, loaded; None to start afresh. In a
-        process group the first rank chooses and loads it, and the others load the one
-        it loaded: a rank that looked for itself could see another (one being written,
-        or the first rank's lease making the run look like another process's)."""
-        if self.dist is None or self.dist.world_size == 1:
-            return self._choose_and_load(manager, resume)
-        import torch.distributed as dist
-
-        chosen: list[Any] = [None]
-        info = None
-        if self.main:
-            try:
-                info = self._choose_and_load(manager, resume)
-                chosen[0] = None if info is None else info.name
-            except Exception as error:
-                chosen[0] = error
-        dist.broadcast_object_list(chosen, src=0)
-        if isinstance(chosen[0], Exception):
-            raise chosen[0]
-        if self.main or chosen[0] is None:
-            return info
-        return self._load_checkpoint(manager, chosen[0])
-
-    def _choose_and_load(self, manager: Any, resume: bool | str | int) -> Any:
-        which = self._choose_checkpoint(manager, resume)
-        return None if which is None else self._load_checkpoint(manager, which)
-
-    def _choose_checkpoint(self, manager: Any, resume: bool | str | int) -> Any:
-        """What ``resume`` asks to load from ``manager``'s folder, or None to start afresh."""
-        if resume is False:
-            return None
-        try:
-            saved = manager.list()
-        except CheckpointStorageError as error:
-            raise unreadable_at_start(manager.directory, error.__cause__ or error) from error
-        except CheckpointError:  # no folder yet
-            saved = []
-        if not saved:
-            if resume != "auto":
-                raise ValueError(f"nothing to resume from: no checkpoint in {manager.directory}")
-            return None
-        others = manager.live_writers()
-        if resume == "auto" and all(info.run in others for info in saved):
-            names = ", ".join(writer.describe() for writer in others.values())
-            self._notes.append(f"ipycloud.fit: starting afresh: the checkpoints in "
-                               f"{manager.directory} belong to a run that another live "
-                               f"process ({names}) writes")
-            return None
-        return "latest" if resume == "auto" or resume is True else resume
-
-    def _load_checkpoint(self, manager: Any, which: Any) -> Any:
-        """Load checkpoint ``which`` into the live objects and the run's position."""
-        scheduled = self.scheduler is not None
-        before = resuming.hyper_parameters(self.optimizer, scheduled)
-        state = self._state()
-        try:
-            info = manager.load(state, which=which, map_location="cpu")
-        except CheckpointMismatchError as error:
-            raise CheckpointError(f"cannot resume from {manager.directory}: {error.reason}; "
-                                  "pass resume=False to start afresh, or another "
-                                  "checkpoint= folder") from None
-        self.history.restore(state["history"])
-        self._window = list(state["history"].get("loss_window", []))
-        self._resumed_from = (info.name, info.directory)
-        if self.main and self.saver is not None:
-            self.saver.resumed(info)  # from the fallback folder: copied back
-        self._changed = resuming.changed_settings(
-            before, resuming.hyper_parameters(self.optimizer, scheduled))
-        self.step = info.step
-        self.seed = (info.data_position or {}).get("seed", self.seed)
-        for callback in self.callbacks.callbacks:
-            if hasattr(callback, "replay"):
-                callback.replay(self.history.epochs)
-        return info
-
-    def _rank_and_world(self) -> tuple[int, int]:
+    def rank_and_world(self) -> tuple[int, int]:
         return (self.dist.rank, self.dist.world_size) if self.dist is not None else (0, 1)
 
-    def _first_lines(self, resumed: Any, val_data: Any) -> list[str]:
-        plan = self.plan
-        where = (f"resuming from {resumed.name} (step {resumed.step}, epoch "
-                 f"{self.data.epoch}, batch {self.data.batches})" if resumed else "starting")
-        world = f", {counted(self.dist.world_size, 'process', 'processes')}" if self.dist else ""
-        plateau = (", ReduceLROnPlateau steps on train_loss (no val_data)"
-                   if self._steps_on_metric and val_data is None else "")
-        lines = [f"ipycloud.fit: {where} on {self.device} ({plan.choice.reason}), "
-                 f"{plan.precision.name} ({plan.precision.reason}){world}{plateau}"]
-        changed = resuming.taken_from_checkpoint_line(self._changed)
-        return self._notes + lines + ([changed] if changed else [])
-
-    def _complete_line(self, resumed: Any) -> str:
-        how = f"{self.history.stopped}; " if self.history.stopped else ""
-        return (f"ipycloud.fit: already complete at step {self.step} (epoch {self.data.epoch}) "
-                f"in {resumed.name}: {how}returning its history (pass resume=False to train "
-                "again)")
 
 
 _END = object()  # the end of an epoch's batches
@@ -1037,22 +494,3 @@ def _groups(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
     if group:
         yield group
 
-
-def _first_line(error: BaseException) -> str:
-    """``ValueError: the first line of its message``."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def _out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is the accelerator (or the host) running out of memory."""
-    import torch
-
-    return (isinstance(error, (getattr(torch, "OutOfMemoryError", MemoryError), MemoryError))
-            or (isinstance(error, RuntimeError) and "out of memory" in str(error).lower()))
-
-
-def _steps_on_metric(scheduler: Any) -> bool:
-    import torch
-
-    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
