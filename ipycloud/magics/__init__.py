@@ -12,7 +12,6 @@ from ipycloud.magics.keepalive import KeepaliveMagics
 from ipycloud.magics.notify import NotifyMagics
 from ipycloud.magics.storage import StorageMagics
 from ipycloud.magics.usage import UsageRecording
-from ipycloud.notebook import follow_runs
 
 MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, KeepaliveMagics,
           NotifyMagics)
@@ -20,10 +19,10 @@ MAGICS = (GpuInfoMagics, CheckpointMagics, StorageMagics, DashboardMagics, Keepa
 
 def register_all(ipython: InteractiveShell) -> None:
     """Register every ipycloud magics class on ``ipython``, end cells on a failed download
-    or an interrupted ``fit`` with one line, draw the live curves of ``fit`` and start
-    recording usage (unless ``UsageRecording.enabled`` is False)."""
+    or an interrupted ``fit`` with one line, and start recording usage (unless
+    ``UsageRecording.enabled`` is False). ``import ipycloud`` has already had the notebook
+    front draw the live curves of ``fit``."""
     for magics in MAGICS:
         ipython.register_magics(magics)
     show_without_traceback(ipython)
     UsageRecording(ipython)
-    follow_runs()
