@@ -337,6 +337,31 @@ def own_work(steps: int, rounds: int) -> dict[str, Any]:
     return figures
 
 
+def own_calls_per_step(case: Case, steps: int) -> dict[str, float]:
+    """Python function calls per step, counted (cProfile), not timed, so this VM's speed
+    swings cannot move them: those of fit's own code (ipycloud's functions), and all of
+    fit's against all of the hand-written loop's, from runs of ``steps`` and ``steps // 5``
+    steps (the difference leaves each call's start and end out)."""
+    import cProfile
+    import pstats
+
+    def calls(run: Callable[[Case, int], Rates], count: int) -> tuple[int, int]:
+        profiler = cProfile.Profile()
+        profiler.runcall(run, case, count)
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        return (sum(figures[1] for figures in stats.values()),
+                sum(figures[1] for where, figures in stats.items() if "ipycloud" in where[0]))
+
+    short = steps // 5
+    with_fit(case, short)  # what a first call imports is no step's
+    fit_short, fit_long = calls(with_fit, short), calls(with_fit, steps)
+    hand_short, hand_long = calls(hand_written, short), calls(hand_written, steps)
+    per_step = steps - short
+    return {"ipycloud": (fit_long[1] - fit_short[1]) / per_step,
+            "fit_all": (fit_long[0] - fit_short[0]) / per_step,
+            "hand_written_all": (hand_long[0] - hand_short[0]) / per_step}
+
+
 def resume_cost() -> dict[str, float]:
     """Seconds from calling fit to its first new step, resuming at batch 50,000."""
     samples = (RESUME_AT_BATCH + 1000) * 8
@@ -430,6 +455,7 @@ def main() -> None:
         steps = case.steps // 2 if args.quick else case.steps
         models[case.name] = measure(case, loops, QUICK_ROUNDS if args.quick else case.rounds,
                                     steps)
+        models[case.name]["python_calls_per_step"] = own_calls_per_step(case, steps)
         print(f"{case.name}: done", flush=True)
     own = own_work(OWN_WORK_STEPS // 2 if args.quick else OWN_WORK_STEPS,
                    QUICK_ROUNDS if args.quick else OWN_WORK_ROUNDS)
@@ -453,6 +479,11 @@ def main() -> None:
               f"{figures['fit_own_us_per_step']['cpu']:.1f}" for name, figures in models.items())
           + f"; null workload {own['wall']['us_per_step']:.1f} / {own['cpu']['us_per_step']:.1f}"
           f" per step, plus {own['wall']['call_ms']:.2f} / {own['cpu']['call_ms']:.2f} ms a call")
+    print("Python calls per step (counted): " + ", ".join(
+        f"{name} fit {figures['python_calls_per_step']['fit_all']:.0f} (ipycloud's "
+        f"{figures['python_calls_per_step']['ipycloud']:.0f}), hand-written "
+        f"{figures['python_calls_per_step']['hand_written_all']:.0f}"
+        for name, figures in models.items()))
     print(f"resume at batch {RESUME_AT_BATCH}: first new step after "
           f"{resume['to_first_new_step_s']:.3f} s, of which checkpoint load "
           f"{resume['checkpoint_load_s']:.3f} s (goal: under 1 s beyond the load)")
