@@ -52,9 +52,10 @@ _LAZY_ATTRIBUTES = {
 # Public namespaces, modules of this package imported on first access.
 _LAZY_SUBMODULES = {"cluster"}
 
-# fit draws its live curves in a notebook however it is imported: the notebook front
-# registers itself with the runtime as the package loads (the runtime never imports it).
-importlib.import_module("ipycloud.notebook").follow_runs()
+# fit draws its live curves in a notebook however it is imported, and launch can name the
+# cell that first initialised CUDA: the notebook front attaches itself to the runtime as the
+# package loads (the runtime never imports it).
+importlib.import_module("ipycloud.notebook").attach()
 
 __all__ = sorted(["__version__", "load_ipython_extension", *_LAZY_ATTRIBUTES, *_LAZY_SUBMODULES])
 

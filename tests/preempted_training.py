@@ -2,7 +2,7 @@
 test_fit_preemption.py and benchmarks/soak_sigterm.py; one fresh interpreter per run::
 
     python tests/preempted_training.py FOLDER OUT [--sigterm WHEN] [--workers N] [--launch]
-                                       [--timeline FILE] [--item-delay SECONDS]
+                                       [--fresh-ranks] [--timeline FILE] [--item-delay SECONDS]
 
 WHEN is where the run sends itself SIGTERM: ``first-item`` (before the first step, while
 the first batch loads), ``step:K`` (after optimizer step K), ``validation:E`` (while epoch
@@ -12,12 +12,15 @@ is starting its workers) or ``save:K`` (while the checkpoint of step K is writte
 torchrun's agent passes a Ctrl-C on to its worker, the other rank getting none. A run
 without it trains to the end and writes its final state to OUT (``torch.save``); a run
 that gets one ends by the signal. ``--launch`` runs the same in two processes under
-``ipycloud.launch``, the signal sent to the launching process. ``--timeline`` appends a
-line ``WHAT TIME`` (``time.time()``) to FILE as the first process reaches each point:
-``fit`` (as fit is called), ``step K`` (after optimizer step K), ``epoch E`` (after epoch E
-and its validation), ``trained`` (fit returned) and ``written`` (OUT is written); the
-SIGTERM can then come from outside. ``--item-delay`` makes each item of the training and
-validation data take that long to load (a slow data source), so that a run lasts a while.
+``ipycloud.launch``, the signal sent to the launching process; with ``--fresh-ranks``, as
+after CUDA is initialised in the launching process (simulated: ``torch.cuda.is_initialized``
+says True there), so that the ranks start fresh and get ``train`` pickled by value.
+``--timeline`` appends a line ``WHAT TIME`` (``time.time()``) to FILE as the first process
+reaches each point: ``fit`` (as fit is called), ``step K`` (after optimizer step K),
+``epoch E`` (after epoch E and its validation), ``trained`` (fit returned) and ``written``
+(OUT is written); the SIGTERM can then come from outside. ``--item-delay`` makes each item
+of the training and validation data take that long to load (a slow data source), so that a
+run lasts a while.
 """
 
 from __future__ import annotations
@@ -184,11 +187,14 @@ def main() -> None:
     parser.add_argument("--sigterm", default=None)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--launch", action="store_true")
+    parser.add_argument("--fresh-ranks", action="store_true")
     parser.add_argument("--timeline", default=None)
     parser.add_argument("--item-delay", type=float, default=0.0)
     args = parser.parse_args()
     options = (args.folder, args.out, args.sigterm, args.workers, args.timeline,
                args.item_delay)
+    if args.fresh_ranks:
+        torch.cuda.is_initialized = lambda: True  # a fresh rank imports its own torch
     if args.launch:
         launch(train, *options, nprocs=2, backend="gloo")
     else:

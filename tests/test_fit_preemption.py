@@ -77,17 +77,19 @@ def test_sigterm_saves_the_last_finished_step_and_the_rerun_continues_exactly(
     assert differences(torch.load(out), uninterrupted["one"]) == []
 
 
+@pytest.mark.parametrize("ranks", [(), ("--fresh-ranks",)], ids=["forked", "fresh"])
 def test_sigterm_to_a_rank_under_launch_saves_in_the_first(
-        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]]) -> None:
+        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]], ranks: tuple[str, ...]) -> None:
     """Every rank sends itself SIGTERM after step 9: the ranks learn of it at the next
     step boundary (their votes are read a step late), stop there together, the first
-    saves and every rank ends by the signal."""
+    saves and every rank ends by the signal. Ranks started fresh (CUDA up in the
+    launching process) end exactly as forked ones."""
     folder, out = tmp_path / "run", tmp_path / "out.pt"
-    code, text = finished(training(folder, out, "--launch", "--sigterm", "step:9"))
+    code, text = finished(training(folder, out, "--launch", *ranks, "--sigterm", "step:9"))
     assert code == 1 and "died without reporting: killed by signal SIGTERM" in text
     assert "ipycloud.fit: saved step 10; rerun this cell to continue" in text
     assert saved(folder)[-1] == (10, 1)  # 6 steps an epoch on two ranks
-    code, text = finished(training(folder, out, "--launch"))
+    code, text = finished(training(folder, out, "--launch", *ranks))
     assert code == 0, text
     assert differences(torch.load(out), uninterrupted["launch"]) == []
 
@@ -109,16 +111,17 @@ def test_an_interrupt_to_one_rank_under_launch_pauses_every_rank_at_one_step(
     assert differences(torch.load(out), uninterrupted["launch"]) == []
 
 
+@pytest.mark.parametrize("ranks", [(), ("--fresh-ranks",)], ids=["forked", "fresh"])
 def test_sigterm_to_the_launching_process_reaches_the_ranks(
-        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]]) -> None:
+        tmp_path: Path, uninterrupted: dict[str, dict[str, Any]], ranks: tuple[str, ...]) -> None:
     folder, out = tmp_path / "run", tmp_path / "out.pt"
-    launcher = training(folder, out, "--launch")
+    launcher = training(folder, out, "--launch", *ranks)
     wait_for(lambda: saved(folder), timeout=TIMEOUT_S, what="a first checkpoint")
     launcher.send_signal(signal.SIGTERM)
     code, text = finished(launcher)
     assert code == -signal.SIGTERM, text
     assert "ipycloud.fit: saved step" in text
-    code, text = finished(training(folder, out, "--launch"))
+    code, text = finished(training(folder, out, "--launch", *ranks))
     assert code == 0, text
     assert differences(torch.load(out), uninterrupted["launch"]) == []
 

@@ -96,4 +96,5 @@ def test_bf16_needs_ampere_and_a_cuda_build_of_torch(board) -> None:
 def test_snapshot_to_dict_adds_the_derived_figures() -> None:
     data = take_snapshot().to_dict()
     assert data["host"]["memory_usable"] <= data["host"]["memory_total"]
-    assert set(data) == {"platform", "host", "disks", "gpus", "software", "bf16_supported"}
+    assert set(data) == {"platform", "host", "disks", "gpus", "software", "bf16_supported",
+                         "build_problems"}

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from process_helpers import ended
 from waiting import wait_for
 
+from ipycloud.runtime.machine import cuda_start
 from ipycloud.runtime.train import distributed
 from ipycloud.runtime.train.distributed import (
     DistributedInfo,
@@ -353,19 +354,52 @@ def test_an_unpicklable_return_value_is_reported() -> None:
 # -- refusals -------------------------------------------------------------------------------
 
 
-def test_refuses_when_cuda_is_already_initialised_and_starts_nothing(
-    monkeypatch: pytest.MonkeyPatch, forks: list[int], tmp_path: Path,
+def cuda_state_seen() -> dict[str, Any]:
+    return {"cuda_initialised": torch.cuda.is_initialized(), "rank": dist.get_rank(),
+            "threads": torch.get_num_threads()}
+
+
+def test_after_cuda_is_initialised_the_ranks_start_fresh_and_run(
+    monkeypatch: pytest.MonkeyPatch, forks: list[int],
 ) -> None:
     # No GPU here: torch.cuda.is_initialized() is the one thing that cannot be True, so it
-    # is the only part replaced; everything after it runs for real.
+    # is the only part replaced, in this process; a forked rank would inherit the
+    # replacement, a fresh one has torch's own (False).
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    results = launch(cuda_state_seen, nprocs=2)
+    assert forks == []
+    threads = max(1, usable_cpus() // 2)
+    assert results == [{"cuda_initialised": False, "rank": rank, "threads": threads}
+                       for rank in range(2)]
+    results = launch(report_environment, 10, scale=3, nprocs=2)
+    assert [result["value"] for result in results] == [30, 31]
+    assert [result["sum"] for result in results] == [3.0, 3.0]
+    assert all(result["sigterm_default"] for result in results)
+
+
+def test_what_fresh_ranks_cannot_be_sent_is_refused_naming_where_cuda_began(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda_start, "_started_where", [])
+    cuda_start.note_cuda_started("cell In [3] (model = Net().cuda())")
+    lock = threading.Lock()
+
+    def holds_a_lock() -> bool:
+        return lock.locked()
+
     with pytest.raises(LaunchError) as caught:
-        launch(touch, str(tmp_path / "ran"), nprocs=2)
+        launch(holds_a_lock, nprocs=2)
     message = str(caught.value)
-    assert message.startswith("CUDA is already initialised in this kernel")
-    assert "restart the kernel" in message and "torchrun" in message and ".cuda()" in message
+    assert message.startswith("launch starts its ranks fresh (CUDA is initialised in this "
+                              "process, first after cell In [3] (model = Net().cuda())), "
+                              "and fn and its arguments cannot be sent to them: ")
+    assert "lock" in message and message.endswith(
+        "or restart the kernel and call launch() before that cell")
     assert "\n" not in message
-    assert forks == [] and not (tmp_path / "ran").exists()
+    with open(tmp_path / "an open file", "w") as file, pytest.raises(
+            LaunchError, match=r"cannot be sent to them: .*before that cell$"):
+        launch(touch, file, nprocs=1)
 
 
 def test_the_fork_counter_does_count_a_launch(forks: list[int], tmp_path: Path) -> None:

@@ -147,16 +147,27 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[.
             del sys.modules[name]
 
 
-def test_a_cuda_torch_is_read_from_its_files_without_importing_it(site) -> None:
+def test_a_cuda_torch_without_a_gpu_is_read_from_its_files_without_importing_it(site) -> None:
     site(CUDA_VERSION_PY, cudnn_header=CUDNN_HEADER)
 
-    info = probe_torch(nvml_gpus=2)
+    info = probe_torch(nvml_gpus=0)  # CUDA_VISIBLE_DEVICES hides every GPU
     assert (info.version, info.cuda_runtime, info.cudnn) == ("2.5.1+cu121", "12.1", "9.1.0")
-    assert (info.cuda_available, info.cuda_initialized, info.mps_available) == (True, False,
+    assert (info.cuda_available, info.cuda_initialized, info.mps_available) == (False, False,
                                                                                False)
-    assert "torch" not in sys.modules
-    assert probe_torch(nvml_gpus=0).cuda_available is False  # CUDA_VISIBLE_DEVICES hides all
+    assert info.cuda_arches is None
     assert probe_torch(nvml_gpus=None).cuda_available is False  # no NVML, no GPU counted
+    assert "torch" not in sys.modules
+
+
+def test_a_cuda_torch_beside_a_gpu_is_imported_for_its_architectures(site) -> None:
+    """Only torch can tell which GPUs it has kernels for (get_arch_list, which does not
+    initialise CUDA)."""
+    site(CUDA_VERSION_PY, cudnn_header=CUDNN_HEADER, init=IMPORTABLE_TORCH)
+
+    info = probe_torch(nvml_gpus=2)
+    assert "torch" in sys.modules
+    assert info.cuda_arches == ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+    assert (info.cuda_available, info.cuda_initialized) == (True, False)
 
 
 def test_a_cpu_torch_is_read_from_its_files_and_needs_no_cudnn(site) -> None:
@@ -168,23 +179,25 @@ def test_a_cpu_torch_is_read_from_its_files_and_needs_no_cudnn(site) -> None:
     assert "torch" not in sys.modules
 
 
-def test_the_snapshot_counts_the_gpus_nvml_shows_for_a_torch_not_imported(
+def test_the_snapshot_counts_the_gpus_nvml_shows(
         site, board, monkeypatch: pytest.MonkeyPatch) -> None:
-    site(CUDA_VERSION_PY, cudnn_header=CUDNN_HEADER)
-    board("2xA100-MIG")
-    assert take_snapshot().software.torch.cuda_available is True
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert take_snapshot().software.torch.cuda_available is False
+    site(CUDA_VERSION_PY, cudnn_header=CUDNN_HEADER, init=IMPORTABLE_TORCH)
     board("no-driver")
     assert take_snapshot().software.torch.cuda_available is False
-    assert "torch" not in sys.modules
+    assert "torch" not in sys.modules  # no GPU: read from its files
+    board("2xA100-MIG")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert take_snapshot().software.torch.cuda_available is False
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert take_snapshot().software.torch.cuda_available is True
 
 
 # A fake torch/__init__.py that can be imported, with just what the probe asks of torch.
 IMPORTABLE_TORCH = """from types import SimpleNamespace
 __version__ = "2.5.1+cu121"
 version = SimpleNamespace(cuda="12.1")
-cuda = SimpleNamespace(device_count=lambda: 1, is_initialized=lambda: False)
+cuda = SimpleNamespace(device_count=lambda: 1, is_initialized=lambda: False,
+                       get_arch_list=lambda: "sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90".split())
 backends = SimpleNamespace(cudnn=SimpleNamespace(version=lambda: 8902))
 """
 

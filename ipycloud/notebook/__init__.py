@@ -1,8 +1,10 @@
-"""What ``fit`` shows in a notebook beside its progress bar, with nothing but IPython.
+"""What ``fit`` shows in a notebook beside its progress bar, and what the runtime learns
+from the notebook's cells, with nothing but IPython.
 
-``import ipycloud`` registers it with the runtime (``follow_runs``), however ``fit`` is
-imported afterwards; the curves module itself loads only when a run in a Jupyter kernel asks
-for curves. In a terminal or a script it shows nothing.
+``import ipycloud`` attaches it to the runtime (``attach``): the live curves of every run,
+however ``fit`` is imported afterwards (the curves module itself loads only when a run in a
+Jupyter kernel asks for curves), and the cell that first initialised CUDA. In a terminal or
+a script it shows nothing.
 """
 
 from __future__ import annotations
@@ -25,4 +27,12 @@ def follow_runs() -> None:
     register_front(live_curves)
 
 
-__all__ = ["follow_runs", "live_curves"]
+def attach() -> None:
+    """Follow every later run, and note the cell that first initialises CUDA."""
+    from ipycloud.notebook.cuda_cell import watch_cuda_start
+
+    follow_runs()
+    watch_cuda_start()
+
+
+__all__ = ["attach", "follow_runs", "live_curves"]

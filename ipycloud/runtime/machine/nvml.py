@@ -69,11 +69,19 @@ class GpuInfo:
     processes: tuple[GpuProcess, ...] | None  # None when the driver cannot list them
 
     @property
-    def supports_bf16(self) -> bool | None:
-        """Native bfloat16 needs compute capability 8.0 (Ampere) or newer."""
+    def capability(self) -> tuple[int, int] | None:
+        """The compute capability as numbers, (8, 0) for "8.0"; None when unknown."""
         if self.compute_capability is None:
             return None
-        return int(self.compute_capability.split(".")[0]) >= NATIVE_BF16_MAJOR
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+    @property
+    def supports_bf16(self) -> bool | None:
+        """Native bfloat16 needs compute capability 8.0 (Ampere) or newer."""
+        if self.capability is None:
+            return None
+        return self.capability[0] >= NATIVE_BF16_MAJOR
 
 
 @dataclass(frozen=True)

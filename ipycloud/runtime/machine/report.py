@@ -155,7 +155,8 @@ class EnvironmentReport:
         return tables
 
     def __str__(self) -> str:
-        lines = [*label_lines(self.summary()), "", self.gpu_status()]
+        lines = [*label_lines(self.summary()), "", self.gpu_status(),
+                 *(f"Warning: {problem}" for problem in self.snapshot.build_problems)]
         for title, (headers, rows) in self._tables():
             lines += ["", title, *aligned_lines(headers, rows)]
         return "\n".join(lines)
@@ -165,7 +166,9 @@ class EnvironmentReport:
 
     def _repr_html_(self) -> str:
         parts = [html_pairs(self.summary(), "ipycloud-report"),
-                 f"<p><b>{html.escape(self.gpu_status())}</b></p>"]
+                 f"<p><b>{html.escape(self.gpu_status())}</b></p>",
+                 *(f"<p class='ipycloud-warning'><b>Warning:</b> {html.escape(problem)}</p>"
+                   for problem in self.snapshot.build_problems)]
         for title, table in self._tables():
             parts.append(f"<h4>{html.escape(title)}</h4>{html_table(table)}")
         return "<div class='ipycloud'>" + "".join(parts) + "</div>"

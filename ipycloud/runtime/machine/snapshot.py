@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from ipycloud.runtime.machine import nvml
+from ipycloud.runtime.machine.build_support import gpu_problem
 from ipycloud.runtime.machine.cgroup import (
     CgroupLimits,
     ContainerMemory,
@@ -87,6 +88,17 @@ class Snapshot:
             return None
         return all(flags) and self.software.torch.cuda_runtime is not None
 
+    @property
+    def build_problems(self) -> tuple[str, ...]:
+        """What keeps the installed torch from running on each GPU here, one line each with
+        its fix (a GPU it has no kernels for, a driver too old for its CUDA)."""
+        torch = self.software.torch
+        if torch.version is None or torch.cuda_arches is None:
+            return ()
+        found = (gpu_problem(gpu, torch.cuda_arches, torch.version, torch.cuda_runtime,
+                             self.gpus.cuda_driver_version) for gpu in self.gpus.devices)
+        return tuple(dict.fromkeys(filter(None, found)))
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping of the whole snapshot."""
         host = asdict(self.host)
@@ -99,6 +111,7 @@ class Snapshot:
             "gpus": self.gpus.to_dict(),
             "software": self.software.to_dict(),
             "bf16_supported": self.bf16_supported,
+            "build_problems": list(self.build_problems),
         }
 
 

@@ -44,6 +44,9 @@ class TorchInfo:
     cuda_available: bool | None  # torch sees a GPU (NVML-based, no CUDA context)
     cuda_initialized: bool | None  # whether torch has created a CUDA context in this process
     mps_available: bool | None  # Apple-silicon GPU through Metal
+    # GPU architectures the build has code for (torch.cuda.get_arch_list()); None when not
+    # read (torch not imported, no GPU to check them against)
+    cuda_arches: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,15 +105,16 @@ def probe_torch(nvml_gpus: int | None) -> TorchInfo:
     An imported torch is asked. Otherwise its files tell (and CUDA is available when torch
     was built for CUDA and NVML shows a GPU, as torch's NVML-based device count would say);
     torch is imported only where they cannot: no readable ``version.py``, a CUDA build
-    without pip's cuDNN, or macOS, where only torch can tell whether MPS works. Without
-    NVML, torch's device count would fall back to cuInit, so CUDA then counts as unavailable.
+    without pip's cuDNN, macOS, where only torch can tell whether MPS works, or a CUDA build
+    beside a GPU, whose architectures only torch can tell. Without NVML, torch's device
+    count would fall back to cuInit, so CUDA then counts as unavailable.
     """
     torch = sys.modules.get("torch")
     if torch is None:
         if not is_available("torch"):
             return TorchInfo(None, None, None, None, None, None)
         from_files = _torch_from_files(nvml_gpus)
-        if from_files is not None:
+        if from_files is not None and not (from_files.cuda_runtime and nvml_gpus):
             return from_files
         torch = importlib.import_module("torch")
     return _torch_from_module(torch, nvml_gpus)
@@ -130,6 +134,7 @@ def _torch_from_module(torch: ModuleType, nvml_gpus: int | None) -> TorchInfo:
         cuda_available=cuda_available,
         cuda_initialized=torch.cuda.is_initialized(),
         mps_available=bool(mps is not None and mps.is_available()),
+        cuda_arches=tuple(torch.cuda.get_arch_list()) if cuda_built and nvml_gpus else None,
     )
 
 

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.messages import os_reason
 
 if TYPE_CHECKING:
     from ipycloud.runtime.checkpoint import CheckpointManager
+    from ipycloud.runtime.train.device import DeviceChoice
+    from ipycloud.runtime.train.precision import Precision
 
 DEFAULT_CHECKPOINT_EVERY_S = 600.0  # fit's periodic saves, unless told otherwise
+
+
+@dataclass
+class RunPlan:
+    """Everything about one run of ``fit`` fixed, and checked, before the first step."""
+
+    choice: DeviceChoice
+    precision: Precision
+    compile: bool | str
+    epochs: int | None
+    max_steps: int | None
+    grad_accum: int
+    clip_grad_norm: float | None
+    checkpoint_every: tuple[float | None, int | None]  # (seconds, steps): one is None
+    log_every: int
+    metrics: dict[str, Any]
 
 
 def check_arguments(model: Any, optimizer: Any, train_data: Any, epochs: Any,

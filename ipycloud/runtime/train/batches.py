@@ -72,7 +72,7 @@ def items_in(batch: Any, targets: Any, *, shifted: bool, counts_labels: bool) ->
         labels = _counted_labels(batch, targets, shifted)
         if labels is not None and not labels.is_floating_point():
             return (labels != IGNORE_INDEX).sum()
-    return _batch_size(targets if targets is not None else batch)
+    return batch_size(targets if targets is not None else batch)
 
 
 def _counted_labels(batch: Any, targets: Any, shifted: bool) -> Any:
@@ -84,7 +84,7 @@ def _counted_labels(batch: Any, targets: Any, shifted: bool) -> Any:
     return labels
 
 
-def _batch_size(value: Any) -> int:
+def batch_size(value: Any) -> int:
     """The first dimension of the first tensor found in ``value``."""
     sizes: list[int] = []
 

@@ -5,6 +5,7 @@ callbacks of each checkpoint written."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ipycloud.runtime.checkpoint import (
@@ -22,6 +23,7 @@ from ipycloud.runtime.checkpoint.resilient import (
 )
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.arguments import unreadable_at_start
+from ipycloud.runtime.train.compiled import cache_file
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.stop_control import Phase
 from ipycloud.runtime.train.xla import OnCpu
@@ -188,6 +190,13 @@ class RunCheckpoints:
             return str(self.manager.run_id())
         except CheckpointStorageError:  # the folder fails: its record goes under a new id
             return None
+
+    def compile_cache(self) -> Path | None:
+        """Where this process keeps the run's compile caches: in the checkpoint folder,
+        where it writes the checkpoints; else nowhere."""
+        if not self.writes or self.manager is None:
+            return None
+        return cache_file(Path(self.manager.directory), self.trainer.device)
 
     # -- resuming ---------------------------------------------------------------------------
 

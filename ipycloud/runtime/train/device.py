@@ -6,6 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ipycloud.runtime.machine.build_support import gpu_problem
 from ipycloud.runtime.train.xla import xla_available, xla_device
 from ipycloud.runtime.units import counted
 
@@ -51,9 +52,11 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return DeviceChoice(torch.device("mps"), "mps", "Apple GPU through Metal")
+    visible = _visible_gpus()
+    problems = [build_problem(gpu) for gpu in visible]
     reason = ("GPUs are visible but this torch has no CUDA build"
-              if torch.version.cuda is None and _visible_gpus()
-              else "no GPU visible, no torch_xla, no MPS")
+              if torch.version.cuda is None and visible
+              else next(filter(None, problems), "no GPU visible, no torch_xla, no MPS"))
     return DeviceChoice(torch.device("cpu"), "cpu", reason)
 
 
@@ -82,14 +85,30 @@ def _check_cuda(device: Any) -> None:
         raise ValueError(f"device={str(device)!r}: only {counted(len(gpus), 'NVIDIA GPU')} "
                          f"{'is' if len(gpus) == 1 else 'are'} visible "
                          f"(cuda:0 to cuda:{len(gpus) - 1})")
+    problem = build_problem(gpus[device.index or 0])
+    if problem is not None:
+        raise ValueError(f"device={str(device)!r}: {problem}")
 
 
 def usable_gpus() -> tuple[GpuInfo, ...]:
-    """The NVIDIA GPUs this process can train on: those NVML sees, none for a torch built
-    without CUDA. NVML finds them without initialising CUDA."""
+    """The NVIDIA GPUs this process can train on: those NVML sees that this torch has
+    kernels for (none for a torch built without CUDA). Neither initialises CUDA."""
     import torch
 
-    return _visible_gpus() if torch.version.cuda is not None else ()
+    if torch.version.cuda is None:
+        return ()
+    return tuple(gpu for gpu in _visible_gpus() if build_problem(gpu) is None)
+
+
+def build_problem(gpu: GpuInfo) -> str | None:
+    """What keeps this torch from running on ``gpu``, with its fix, in one line; or None."""
+    import torch
+
+    from ipycloud.runtime.machine import nvml
+
+    driver = nvml.snapshot(with_processes=False).cuda_driver_version
+    return gpu_problem(gpu, torch.cuda.get_arch_list(), torch.__version__, torch.version.cuda,
+                       driver)
 
 
 def _visible_gpus() -> tuple[GpuInfo, ...]:

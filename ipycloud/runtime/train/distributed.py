@@ -1,12 +1,13 @@
 """Run a training function in several processes under torch.distributed, from a notebook.
 
-``launch(train, nprocs=2)`` forks ``nprocs`` workers from the kernel, initialises a process
+``launch(train, nprocs=2)`` starts ``nprocs`` workers from the kernel, initialises a process
 group in each (rank, world size, a free port on 127.0.0.1) and runs ``train`` there; the
 return values come back to the notebook, one per rank. Each worker gets the environment
 ``torchrun`` gives (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT), so code written for torchrun runs unchanged. Workers are forked, not spawned,
-because a function defined in a notebook lives in ``__main__``, which a spawned process
-cannot import; fork is why CUDA must not be initialised in the kernel before the launch.
+MASTER_PORT), so code written for torchrun runs unchanged. Workers are forked, which starts
+them at once; once CUDA is initialised in the kernel, a forked worker could not use it, so
+they start fresh (spawned) and get ``train``, its arguments and what it uses from the
+notebook pickled by value: no kernel restart.
 
 Several machines, or a script: the same function runs under ``torchrun``. Put it in a
 script that ends with::
@@ -21,7 +22,7 @@ NVIDIA GPUs, gloo otherwise), runs the function and destroys the group;
 ``distributed_info()`` (and ``fit``) find the group there as they do under ``launch``.
 
 A launch's parts: ``launch_plan`` (the checks and the plan, before any fork),
-``forked_ranks`` (the ranks with their environment and pipes, stopping them),
+``rank_processes`` (the ranks with their environment and pipes, stopping them),
 ``rank_results`` (collecting what they carry back) and ``launch_errors``.
 """
 
@@ -35,19 +36,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ipycloud.runtime._optional import require
 from ipycloud.runtime.train.device import usable_gpus
-from ipycloud.runtime.train.forked_ranks import (
-    RankProcess,
-    passing_sigterm_on,
-    start_rank,
-    stop_ranks,
-)
 from ipycloud.runtime.train.launch_errors import LaunchError, RemoteTraceback
 from ipycloud.runtime.train.launch_plan import (
     auto_backend,
     check_launch_arguments,
-    fork_context,
     plan_launch,
-    refuse_after_cuda_init,
+    rank_start,
+)
+from ipycloud.runtime.train.rank_processes import (
+    RankProcess,
+    passing_sigterm_on,
+    rank_work,
+    start_rank,
+    stop_ranks,
 )
 from ipycloud.runtime.train.rank_results import collect_results, stop_grace
 
@@ -75,7 +76,7 @@ class DistributedInfo:
 
 def launch(fn: Callable[..., T], *args: Any, nprocs: int | str = "auto",
            backend: str = "auto", **kwargs: Any) -> list[T]:
-    """Run ``fn(*args, **kwargs)`` in ``nprocs`` forked processes under torch.distributed.
+    """Run ``fn(*args, **kwargs)`` in ``nprocs`` processes under torch.distributed.
 
     Returns the ranks' return values in rank order; they must be picklable and must not
     hold CUDA tensors (unpickling one would initialise CUDA here: return ``.cpu()`` copies).
@@ -91,21 +92,23 @@ def launch(fn: Callable[..., T], *args: Any, nprocs: int | str = "auto",
     LaunchError names the rank and the error; the rank's traceback is chained as a
     RemoteTraceback. A SIGTERM
     to this process (the machine going away) is passed on to every rank, so ``fit`` saves
-    in the first; once the ranks have ended, the signal takes its course here too. CUDA
-    must not be initialised in this process beforehand (LaunchError says so); note that
-    ``torch.cuda.is_available()`` initialises the CUDA driver unless
-    PYTORCH_NVML_BASED_CUDA_CHECK=1 is set, and a forked rank then fails to use its GPU.
+    in the first; once the ranks have ended, the signal takes its course here too.
+
+    The ranks are forked from this process, unless CUDA is already initialised here (a
+    forked rank could not use it): then they start fresh, which takes longer (each imports
+    torch), and ``fn`` and its arguments are pickled by value with cloudpickle; where they
+    cannot be, LaunchError names the cell that first initialised CUDA.
     """
     require("torch", "torch")
     count, chosen = check_launch_arguments(nprocs, backend)
-    refuse_after_cuda_init()
-    context = fork_context()
+    start = rank_start()
+    work = rank_work(start, fn, args, kwargs)
     plan = plan_launch(count, chosen)
     workers: list[RankProcess] = []
     with passing_sigterm_on(workers):
         try:
             for rank in range(plan.nprocs):
-                workers.append(start_rank(context, rank, plan, fn, args, kwargs))
+                workers.append(start_rank(start, rank, plan, work))
             results = collect_results(workers, plan.nprocs)
         except LaunchError as error:
             stop_ranks(workers, grace=stop_grace(error))

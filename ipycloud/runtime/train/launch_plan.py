@@ -1,30 +1,25 @@
-"""The checks and the plan of a launch, made in the notebook process before any rank is
-forked: how many ranks, which backend, a free port, how many threads each."""
+"""The checks and the plan of a launch, made in the notebook process before any rank
+starts: how many ranks, which backend, a free port, how many threads each, and how the
+ranks start (forked, or fresh where CUDA is already up)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ipycloud.runtime.machine.cuda_start import cuda_initialised
 from ipycloud.runtime.train.device import usable_gpus
 from ipycloud.runtime.train.launch_errors import LaunchError
 from ipycloud.runtime.units import counted
 
 if TYPE_CHECKING:
-    from multiprocessing.context import ForkContext
+    from multiprocessing.context import ForkContext, SpawnContext
 
 BACKENDS = ("gloo", "nccl")
 MASTER_ADDR = "127.0.0.1"
-_CUDA_INITIALISED = (
-    "CUDA is already initialised in this kernel, so forked workers cannot use it: restart "
-    "the kernel and call launch() before anything touches CUDA (typically .cuda(), "
-    ".to('cuda'), torch.cuda.current_device() or a CUDA tensor), or run a script with "
-    "torchrun and run_under_torchrun()"
-)
 
 
 @dataclass(frozen=True)
@@ -51,20 +46,26 @@ def check_launch_arguments(nprocs: int | str, backend: str) -> tuple[int | None,
     return nprocs, backend
 
 
-def refuse_after_cuda_init() -> None:
-    """LaunchError when torch has initialised CUDA here: forked workers could not use it."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is not None and cuda.is_initialized():
-        raise LaunchError(_CUDA_INITIALISED)
+@dataclass(frozen=True)
+class RankStart:
+    """How the ranks start: ``fresh`` ones (spawned) get the function and its arguments
+    pickled by value, and ``why`` says what made them fresh."""
+
+    context: ForkContext | SpawnContext
+    fresh: bool
+    why: str | None = None
 
 
-def fork_context() -> ForkContext:
-    """The fork start method; LaunchError where this platform cannot fork."""
+def rank_start() -> RankStart:
+    """Forked ranks, which start at once and share the notebook's memory; fresh ones where
+    CUDA is already initialised here (a forked rank cannot use it) or fork is missing."""
+    if cuda_initialised():
+        return RankStart(multiprocessing.get_context("spawn"), True, "CUDA is initialised "
+                         "in this process")
     if "fork" not in multiprocessing.get_all_start_methods():
-        raise LaunchError("launch() forks its workers and this platform cannot fork: run a "
-                          "script with torchrun and run_under_torchrun() instead")
-    return multiprocessing.get_context("fork")
+        return RankStart(multiprocessing.get_context("spawn"), True,
+                         "this platform cannot fork")
+    return RankStart(multiprocessing.get_context("fork"), False)
 
 
 def plan_launch(nprocs: int | None, backend: str) -> LaunchPlan:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from ipycloud.runtime._optional import require
@@ -21,6 +20,7 @@ from ipycloud.runtime.runs.recorder import record_run
 from ipycloud.runtime.train import resume as resuming
 from ipycloud.runtime.train.alerts import run_alerts
 from ipycloud.runtime.train.arguments import (
+    RunPlan,
     check_arguments,
     check_epoch_metric,
     check_numbers,
@@ -41,8 +41,9 @@ from ipycloud.runtime.train.callback import (
     own_callbacks,
 )
 from ipycloud.runtime.train.checkpointing import RunCheckpoints
+from ipycloud.runtime.train.compiled import check_compile
 from ipycloud.runtime.train.data import EpochData
-from ipycloud.runtime.train.device import DeviceChoice, choose_device, move_to_device
+from ipycloud.runtime.train.device import choose_device, move_to_device
 from ipycloud.runtime.train.early_stopping import EarlyStopping
 from ipycloud.runtime.train.history import History
 from ipycloud.runtime.train.interrupt import (
@@ -50,7 +51,7 @@ from ipycloud.runtime.train.interrupt import (
     FitInterrupted,
     Preemption,
 )
-from ipycloud.runtime.train.precision import Precision, resolve_precision
+from ipycloud.runtime.train.precision import resolve_precision
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.release import keep_machine, release_when_safe
 from ipycloud.runtime.train.run_events import RunEvents
@@ -65,29 +66,12 @@ __all__ = ["NonFiniteLossError", "fit"]  # the first raised by the step runner
 LOG_EVERY = 10  # optimizer steps between reads of the loss (each read syncs the device)
 
 
-
-
-@dataclass
-class _Plan:
-    """Everything fixed before the first step."""
-
-    choice: DeviceChoice
-    precision: Precision
-    epochs: int | None
-    max_steps: int | None
-    grad_accum: int
-    clip_grad_norm: float | None
-    checkpoint_every: tuple[float | None, int | None]  # (seconds, steps): one is None
-    log_every: int
-    metrics: dict[str, Any]
-
-
 def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *,
         epochs: int | None = None, max_steps: int | None = None,
         val_data: Iterable[Any] | None = None, loss_fn: Any = None,
         metrics: Mapping[str, Any] | None = None,
         scheduler: Any = None, grad_accum: int = 1, clip_grad_norm: float | None = None,
-        device: Any = "auto", precision: str = "auto",
+        device: Any = "auto", precision: str = "auto", compile: bool | str = False,
         checkpoint: Any = None, checkpoint_every: str | float | None = None,
         checkpoint_every_steps: int | None = None, resume: bool | str | int = "auto",
         release: bool = False,
@@ -109,7 +93,9 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *,
       a value that is NaN or infinite is never the best or an improvement.
     - ``device="auto"`` picks CUDA, then XLA, then MPS, then CPU; ``precision="auto"``
       picks bf16 where the accelerator runs it natively, fp16 with a GradScaler on older
-      GPUs, fp32 on CPUs.
+      GPUs, fp32 on CPUs. ``compile=True`` compiles the model (its repeated blocks
+      alone where it has some; "whole" or "regional" to choose), its compile caches kept
+      beside the checkpoints for the next session; off by default (slower on CPUs).
     - ``grad_accum`` micro-batches make one optimizer step that equals one larger batch
       (micro-batches weighted by their samples, or by their labels that count);
       ``clip_grad_norm`` clips (after unscaling under fp16).
@@ -154,8 +140,10 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *,
     resuming.check_resume(resume, manager is not None)
     check_release(release, manager is not None)
     choice = choose_device(device)
-    plan = _Plan(
+    check_compile(compile, choice.device, choice.kind)
+    plan = RunPlan(
         choice=choice, precision=resolve_precision(precision, choice.device, choice.kind),
+        compile=compile,
         epochs=epochs if epochs is not None or max_steps is not None else 1,
         max_steps=max_steps, grad_accum=grad_accum, clip_grad_norm=clip_grad_norm,
         checkpoint_every=checkpoint_schedule(checkpoint_every, checkpoint_every_steps),
@@ -187,7 +175,7 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *,
 class _Trainer:
     """One run of ``fit``: the live objects, the plan, and the loop over steps."""
 
-    def __init__(self, model: Any, optimizer: Any, scheduler: Any, loss_fn: Any, plan: _Plan,
+    def __init__(self, model: Any, optimizer: Any, scheduler: Any, loss_fn: Any, plan: RunPlan,
                  callbacks: RunCallbacks, seed: int) -> None:
         from ipycloud.runtime.train import distributed
 
@@ -248,6 +236,8 @@ class _Trainer:
             self.events.fail(error)
             raise  # a vote still open is left: its peers may be gone
         finally:
+            if self.runner.compiled is not None:
+                self.runner.compiled.finish()
             bar.close()
             if checkpoints.saver is not None:
                 checkpoints.saver.listener = None
@@ -262,6 +252,8 @@ class _Trainer:
         """Say how the run starts, and start its record and callbacks."""
         for line in self.events.first_lines(resumed, val_data):
             bar.say(line)
+        if self.plan.compile:
+            self.runner.compile(self.plan.compile, self.checkpoints.compile_cache(), bar.say)
         bar.start(self.total_steps(), self.step)
         self.bar = bar
         self.stops.captures_rng = self.checkpoints.writes
@@ -438,7 +430,7 @@ class _Trainer:
             self.stops.enter(Phase.VALIDATING)
             self.model.eval()
             batches = self.runner.on_device(self.loaders.iterate(val_data))
-            logs.update(validate(self.runner.forward, batches, self.plan.metrics,
+            logs.update(validate(self.runner.eval_forward, batches, self.plan.metrics,
                                  self.runner.shifted))
             self.model.train()
             self.stops.enter(Phase.TRAINING)

@@ -80,9 +80,8 @@ def cuda_capability(device: Any) -> tuple[str, tuple[int, int]]:
     index = device.index or 0
     gpu = next((gpu for gpu in nvml.snapshot(with_processes=False).devices
                 if gpu.index == index), None)
-    if gpu is not None and gpu.compute_capability is not None:
-        major, minor = gpu.compute_capability.split(".")
-        return gpu.name or f"GPU {index}", (int(major), int(minor))
+    if gpu is not None and gpu.capability is not None:
+        return gpu.name or f"GPU {index}", gpu.capability
     import torch
 
     major_minor = torch.cuda.get_device_capability(index)

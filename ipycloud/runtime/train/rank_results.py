@@ -12,8 +12,8 @@ from multiprocessing import connection
 from typing import Any
 
 from ipycloud.runtime.messages import describe_error
-from ipycloud.runtime.train.forked_ranks import KILL_GRACE_S, RankProcess
 from ipycloud.runtime.train.launch_errors import LaunchError, RemoteTraceback
+from ipycloud.runtime.train.rank_processes import KILL_GRACE_S, RankProcess
 
 _POLL_S = 0.5  # the longest the notebook sleeps before looking at its workers again
 _SETTLE_S = 1.0  # how long a reported failure waits for silent ranks to show they died

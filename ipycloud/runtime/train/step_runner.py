@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.train import batches as batch_parts
 from ipycloud.runtime.train.losses import LossRule, pick_loss
 from ipycloud.runtime.train.precision import Precision
+
+if TYPE_CHECKING:
+    from ipycloud.runtime.train.compiled import CompiledModel
 
 MAX_SKIPPED_FP16_STEPS = 25
 
@@ -38,6 +42,7 @@ class StepRunner:
         self.shifted = batch_parts.shifts_labels(raw_model)
         self.moves_batches = not xla and device.type != "cpu"
         self.skipped_in_a_row = 0  # fp16 steps skipped by the scaler
+        self.compiled: CompiledModel | None = None  # set by fit(compile=...)
         self.losses: list[Any] = []  # step losses since the last read, on the device
 
     def on_device(self, batches: Iterable[Any]) -> Iterable[Any]:
@@ -57,11 +62,38 @@ class StepRunner:
             outputs = batch_parts.call(self.model, inputs)
             return outputs, targets, self._loss(outputs, targets, batch)
 
+    def compile(self, choice: bool | str, cache: Path | None, say: Callable[[str], None]
+                ) -> None:
+        """Compile the model for the steps to come (see ``compiled``), and say how."""
+        from ipycloud.runtime.train.compiled import CompiledModel
+
+        self.compiled = CompiledModel(self.raw_model, choice, cache, say)
+        say(f"ipycloud.fit: {self.compiled.start()}")
+
+    def eval_forward(self, batch: Any) -> tuple[Any, Any, Any]:
+        """``forward`` for validation: eagerly where the model is compiled (eval mode would
+        compile a second graph)."""
+        if self.compiled is None:
+            return self.forward(batch)
+        return self.compiled.eagerly(lambda: self.forward(batch))
+
     def train_batch(self, batch: Any) -> None:
         """Forward and backward over an optimizer step of one batch."""
+        self.losses.append(self._micro_step(batch, None).detach())
+
+    def _micro_step(self, batch: Any, weight: Any) -> Any:
+        """Forward and backward of one batch, its loss weighted by ``weight`` (when not
+        None), compiled or eagerly as the compiled model decides; the loss."""
+        if self.compiled is None:
+            return self._backward(batch, weight)
+        return self.compiled.step(batch, lambda: self._backward(batch, weight))
+
+    def _backward(self, batch: Any, weight: Any) -> Any:
         _, _, loss = self.forward(batch)
+        if weight is not None:
+            loss = loss * weight
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        self.losses.append(loss.detach())
+        return loss
 
     def train_group(self, group: list[Any]) -> None:
         """Forward and backward over one optimizer step's micro-batches.
@@ -74,10 +106,7 @@ class StepRunner:
         step_loss = None
         for index, batch in enumerate(group):
             with self._gradient_sync(index == len(group) - 1):
-                _, _, loss = self.forward(batch)
-                if weights is not None:
-                    loss = loss * weights[index]
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                loss = self._micro_step(batch, None if weights is None else weights[index])
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
         self.losses.append(step_loss)
 

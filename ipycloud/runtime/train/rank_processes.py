@@ -1,6 +1,13 @@
-"""The ranks of a launch, forked from the notebook: each with the environment torchrun
-would give it and a pipe back, through which it reports its return value or its error
-before its group is destroyed; stopping them, and passing a SIGTERM on to them."""
+"""The ranks of a launch, forked from the notebook or started fresh: each with the
+environment torchrun would give it and a pipe back, through which it reports its return
+value or its error before its group is destroyed; stopping them, and passing a SIGTERM on
+to them.
+
+A forked rank finds the function and its arguments in the memory it shares with the
+notebook. A fresh (spawned) one gets them pickled by value with cloudpickle: a function
+defined in a notebook, the classes and values of ``__main__`` it uses, its arguments; what
+it imports from modules is imported there by name.
+"""
 
 from __future__ import annotations
 
@@ -17,18 +24,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.lifetime import end_with
+from ipycloud.runtime.machine.cuda_start import cuda_started_where
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.train.interrupt import deliver_sigterm
-from ipycloud.runtime.train.launch_plan import MASTER_ADDR, LaunchPlan
+from ipycloud.runtime.train.launch_errors import LaunchError
+from ipycloud.runtime.train.launch_plan import MASTER_ADDR, LaunchPlan, RankStart
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
-    from multiprocessing.context import ForkContext
     from multiprocessing.process import BaseProcess
 
     import torch
 
 KILL_GRACE_S = 3.0  # time a terminated worker gets before SIGKILL, and after it
+
+# What a rank runs: (fn, args, kwargs) for a forked rank, their cloudpickle for a fresh one.
+Work = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | bytes
 
 
 @dataclass(frozen=True)
@@ -40,26 +51,51 @@ class RankProcess:
     reader: Connection
 
 
-def start_rank(context: ForkContext, rank: int, plan: LaunchPlan, fn: Callable[..., Any],
-               args: Sequence[Any], kwargs: dict[str, Any]) -> RankProcess:
-    """Fork rank ``rank`` of ``plan``, which runs ``fn(*args, **kwargs)`` and reports."""
-    reader, writer = context.Pipe(duplex=False)
-    process = context.Process(target=_worker_main, name=f"ipycloud-rank-{rank}",
-                              args=(rank, plan, fn, args, kwargs, writer))
+def rank_work(start: RankStart, fn: Callable[..., Any], args: Sequence[Any],
+              kwargs: dict[str, Any]) -> Work:
+    """What each rank of ``start`` is given to run; LaunchError, before any rank starts,
+    where fresh ranks cannot be sent it."""
+    if not start.fresh:
+        return fn, tuple(args), dict(kwargs)
+    import cloudpickle
+
+    try:
+        return bytes(cloudpickle.dumps((fn, tuple(args), dict(kwargs))))
+    except Exception as error:
+        raise LaunchError(_not_sendable(start, error)) from error
+
+
+def _not_sendable(start: RankStart, error: Exception) -> str:
+    where = cuda_started_where()
+    why = f"{start.why}, first after {where}" if where else start.why
+    cause = f"launch starts its ranks fresh ({why}), and fn and its arguments cannot be " \
+            f"sent to them: {describe_error(error)}: make them picklable (no open file, " \
+            "lock, generator or live connection in them or in the globals fn uses)"
+    if start.why and start.why.startswith("CUDA"):
+        return cause + ", or restart the kernel and call launch() before " + (
+            "that cell" if where else "anything touches CUDA")
+    return cause
+
+
+def start_rank(start: RankStart, rank: int, plan: LaunchPlan, work: Work) -> RankProcess:
+    """Start rank ``rank`` of ``plan``, which runs ``work`` and reports."""
+    reader, writer = start.context.Pipe(duplex=False)
+    process = start.context.Process(target=_worker_main, name=f"ipycloud-rank-{rank}",
+                                    args=(rank, plan, work, writer))
     process.start()
     writer.close()  # the worker holds the only write end now
     return RankProcess(rank, process, reader)
 
 
-def _worker_main(rank: int, plan: LaunchPlan, fn: Callable[..., Any], args: Sequence[Any],
-                 kwargs: dict[str, Any], writer: Connection) -> None:
-    """One forked rank: set torch up, run ``fn``, report the outcome, destroy the group.
+def _worker_main(rank: int, plan: LaunchPlan, work: Work, writer: Connection) -> None:
+    """One rank: set torch up, run the work, report the outcome, destroy the group.
 
     The report is sent before the group is destroyed, so a failing rank's own error reaches
     the notebook before its peers fail on the connections it closes.
     """
     try:
         _init_worker(rank, plan)
+        fn, args, kwargs = pickle.loads(work) if isinstance(work, bytes) else work
         payload = _result_payload(fn(*args, **kwargs))
     except BaseException as error:  # report everything, KeyboardInterrupt included
         payload = _error_payload(error)

@@ -1,0 +1,97 @@
+"""A seeded ``fit(compile=...)`` run in a fresh interpreter, for test_fit_compile.py::
+
+    python tests/compiled_training.py FOLDER OUT [--compile MODE] [--interrupt-at K]
+                                      [--model mlp|blocks] [--samples N] [--fail-compile]
+
+Trains a small model (``mlp``, or ``blocks``: three repeated residual blocks) on N samples
+in batches of 4 (the last one partial where N is not a multiple of 4) for two epochs with
+validation, checkpointing into FOLDER, and writes the final state and what torch's compiler
+counted (graphs compiled, FX-graph cache hits) to OUT as JSON. ``--interrupt-at K`` presses
+Ctrl-C after step K (fit saves and raises FitInterrupted; the process exits 3).
+``--fail-compile`` points torch's code generator at a C++ compiler that is not there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from ipycloud.runtime.train.callback import Callback
+from ipycloud.runtime.train.interrupt import FitInterrupted
+from ipycloud.runtime.train.loop import fit
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.linear(x))
+
+
+def model_of(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "blocks":
+        return nn.Sequential(nn.Linear(6, 16), nn.Sequential(Block(), Block(), Block()),
+                             nn.Linear(16, 3))
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+
+
+class InterruptAt(Callback):
+    every_step = True
+
+    def __init__(self, step: int | None) -> None:
+        self.step = step
+
+    def on_step(self, step: int, logs: dict[str, Any]) -> None:
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder")
+    parser.add_argument("out")
+    parser.add_argument("--compile", default="true")
+    parser.add_argument("--interrupt-at", type=int, default=None)
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--samples", type=int, default=40)
+    parser.add_argument("--fail-compile", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.fail_compile:
+        from torch._inductor import config
+
+        config.cpp.cxx = (None, "/no/such/g++")  # type: ignore[assignment]
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randn(args.samples, 6, generator=generator)
+    labels = inputs[:, :3].argmax(1)
+    batches = [(inputs[i:i + 4], labels[i:i + 4]) for i in range(0, args.samples, 4)]
+    model = model_of(args.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mode = {"true": True, "false": False}.get(args.compile, args.compile)
+    try:
+        fit(model, optimizer, batches, epochs=2, val_data=batches[:3], compile=mode,
+            checkpoint=args.folder, device="cpu", precision="fp32", progress="bar",
+            callbacks=[InterruptAt(args.interrupt_at)], seed=4)
+    except FitInterrupted:
+        sys.exit(3)
+    from torch._dynamo.utils import counters
+
+    with open(args.out, "w") as file:
+        json.dump({"state": {name: tensor.tolist() for name, tensor
+                             in model.state_dict().items()},
+                   "graphs": counters["stats"]["unique_graphs"],
+                   "cache_hits": counters["inductor"]["fxgraph_cache_hit"]}, file)
+
+
+if __name__ == "__main__":
+    main()
