@@ -1,9 +1,11 @@
 """A seeded ``fit(compile=...)`` run in a fresh interpreter, for test_fit_compile.py::
 
     python tests/compiled_training.py FOLDER OUT [--compile MODE] [--interrupt-at K]
-                                      [--model mlp|blocks] [--samples N] [--fail-compile]
+                                      [--model mlp|blocks|counting] [--samples N]
+                                      [--fail-compile]
 
-Trains a small model (``mlp``, or ``blocks``: three repeated residual blocks) on N samples
+Trains a small model (``mlp``; ``blocks``: three repeated residual blocks; ``counting``: one
+that recompiles at every step, under a recompile limit of 2) on N samples
 in batches of 4 (the last one partial where N is not a multiple of 4) for two epochs with
 validation, checkpointing into FOLDER, and writes the final state and what torch's compiler
 counted (graphs compiled, FX-graph cache hits) to OUT as JSON. ``--interrupt-at K`` presses
@@ -37,8 +39,26 @@ class Block(nn.Module):
         return x + torch.tanh(self.linear(x))
 
 
+class Counting(nn.Module):
+    """Scales by how many times it was called: a Python value compile guards on, so each
+    step recompiles until torch gives up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.calls = nn.Linear(6, 3), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.linear(x) * self.calls
+
+
 def model_of(kind: str) -> nn.Module:
     torch.manual_seed(0)
+    if kind == "counting":
+        from torch._dynamo import config
+
+        config.recompile_limit = 2
+        return Counting()
     if kind == "blocks":
         return nn.Sequential(nn.Linear(6, 16), nn.Sequential(Block(), Block(), Block()),
                              nn.Linear(16, 3))

@@ -71,6 +71,17 @@ def test_repeated_blocks_are_compiled_regionally(tmp_path: Path) -> None:
     assert code == 0 and "compiling the whole model" in text, text
 
 
+def test_compile_giving_up_on_recompiles_is_said_once(tmp_path: Path) -> None:
+    code, text = training(tmp_path / "run", tmp_path / "out.json", "--model", "counting",
+                          "--samples", "12")
+    assert code == 0, text
+    said = [line for line in text.splitlines() if "compile gave up" in line]
+    assert len(said) == 1, text
+    assert said[0].startswith("ipycloud.fit: compile gave up on forward after 2 recompiles "
+                              "(torch._dynamo.config.recompile_limit): it runs eagerly from "
+                              "there; give its inputs steady shapes"), said
+
+
 def test_a_compile_that_fails_falls_back_to_eager_in_one_line(tmp_path: Path) -> None:
     code, text = training(tmp_path / "run", tmp_path / "out.json", "--fail-compile")
     assert code == 0, text
