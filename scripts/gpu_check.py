@@ -175,7 +175,10 @@ def check_fit_speed(quick: bool) -> dict[str, Any]:
     return {"passed": passed, "goal": GOAL_FIT_VS_HAND_WRITTEN, **figures}
 
 
-class _PauseAfter(Callback):
+class PauseAfter(Callback):
+    """Presses Ctrl-C after optimizer step ``step`` (fit saves, then raises
+    FitInterrupted)."""
+
     every_step = True
 
     def __init__(self, step: int | None) -> None:
@@ -192,7 +195,7 @@ def _resumable_run(folder: Path, pause_at: int | None) -> dict[str, torch.Tensor
     try:
         fit(model, torch.optim.AdamW(model.parameters()), batches(12, 64), epochs=2,
             device=device(), progress=False, checkpoint=folder, seed=3,
-            callbacks=[_PauseAfter(pause_at)])
+            callbacks=[PauseAfter(pause_at)])
     except FitInterrupted:
         return None
     return {name: tensor.cpu() for name, tensor in model.state_dict().items()}

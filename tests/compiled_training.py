@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import sys
-from typing import Any
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from ipycloud.runtime.train.callback import Callback
 from ipycloud.runtime.train.interrupt import FitInterrupted
 from ipycloud.runtime.train.loop import fit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from gpu_check import PauseAfter  # the same pause the GPU check makes
 
 
 class Block(nn.Module):
@@ -65,17 +65,6 @@ def model_of(kind: str) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
 
 
-class InterruptAt(Callback):
-    every_step = True
-
-    def __init__(self, step: int | None) -> None:
-        self.step = step
-
-    def on_step(self, step: int, logs: dict[str, Any]) -> None:
-        if step == self.step:
-            os.kill(os.getpid(), signal.SIGINT)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
@@ -90,7 +79,7 @@ def main() -> None:
     if args.fail_compile:
         from torch._inductor import config
 
-        config.cpp.cxx = (None, "/no/such/g++")  # type: ignore[assignment]
+        config.cpp.cxx = (None, "/no/such/g++")
     generator = torch.Generator().manual_seed(1)
     inputs = torch.randn(args.samples, 6, generator=generator)
     labels = inputs[:, :3].argmax(1)
@@ -101,7 +90,7 @@ def main() -> None:
     try:
         fit(model, optimizer, batches, epochs=2, val_data=batches[:3], compile=mode,
             checkpoint=args.folder, device="cpu", precision="fp32", progress="bar",
-            callbacks=[InterruptAt(args.interrupt_at)], seed=4)
+            callbacks=[PauseAfter(args.interrupt_at)], seed=4)
     except FitInterrupted:
         sys.exit(3)
     from torch._dynamo.utils import counters
