@@ -7,8 +7,9 @@
 Trains a small model (``mlp``; ``blocks``: three repeated residual blocks; ``counting``: one
 that recompiles at every step, under a recompile limit of 2) on N samples
 in batches of 4 (the last one partial where N is not a multiple of 4) for two epochs with
-validation, checkpointing into FOLDER, and writes the final state and what torch's compiler
-counted (graphs compiled, FX-graph cache hits) to OUT as JSON. ``--interrupt-at K`` presses
+validation, checkpointing into FOLDER, and writes the final state, what torch's compiler
+counted (graphs compiled, FX-graph cache hits) and whether every module has its own
+forward back to OUT as JSON. ``--interrupt-at K`` presses
 Ctrl-C after step K (fit saves and raises FitInterrupted; the process exits 3).
 ``--fail-compile`` points torch's code generator at a C++ compiler that is not there.
 """
@@ -99,6 +100,8 @@ def main() -> None:
         json.dump({"state": {name: tensor.tolist() for name, tensor
                              in model.state_dict().items()},
                    "graphs": counters["stats"]["unique_graphs"],
+                   "own_forwards": all("forward" not in vars(module)
+                                       for module in model.modules()),
                    "cache_hits": counters["inductor"]["fxgraph_cache_hit"]}, file)
 
 

@@ -59,13 +59,16 @@ def test_the_next_session_loads_the_saved_compile_caches(tmp_path: Path) -> None
 def test_the_last_partial_batch_and_validation_compile_nothing_more(tmp_path: Path) -> None:
     code, text = training(tmp_path / "run", tmp_path / "out.json", "--samples", "42")
     assert code == 0, text
-    assert result(tmp_path / "out.json")["graphs"] == 1  # batches of 4 only; 2 and eval eager
+    out = result(tmp_path / "out.json")
+    assert out["graphs"] == 1  # batches of 4 only; the 2 and validation ran eagerly
+    assert out["own_forwards"]  # after the run, the model is as it was given
 
 
 def test_repeated_blocks_are_compiled_regionally(tmp_path: Path) -> None:
     code, text = training(tmp_path / "run", tmp_path / "out.json", "--model", "blocks")
     assert code == 0, text
     assert "ipycloud.fit: compiling 3 repeated blocks (Block), with no saved caches" in text
+    assert result(tmp_path / "out.json")["own_forwards"]
     code, text = training(tmp_path / "whole", tmp_path / "whole.json", "--model", "blocks",
                           "--compile", "whole")
     assert code == 0 and "compiling the whole model" in text, text

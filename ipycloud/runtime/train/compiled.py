@@ -4,9 +4,10 @@ compile that fails or gives up said in one line.
 
 - What is compiled: ``"whole"`` the model; ``"regional"`` each of its repeated blocks (the
   layers of a transformer: one compiled graph serves them all, so the first compile is far
-  shorter); ``True`` regional where the model has repeated blocks, else whole. Each compiled
-  module's ``forward`` is replaced by its compiled version: the state dict, the checkpoints
-  and the parameters the optimizer holds stay those of the model.
+  shorter); ``True`` regional where the model has repeated blocks, else whole. For the run,
+  each compiled module's ``forward`` is its compiled version (the state dict, the
+  checkpoints and the parameters the optimizer holds stay those of the model); after it,
+  the model is given its own ``forward`` back.
 - The caches: torch keeps what it compiled in a temporary folder lost with the machine.
   With a checkpoint folder, fit saves them there after the first step and at the end, in
   one tar named for this torch, Python and device: the caches torch hands out as bytes
@@ -114,13 +115,15 @@ class CompiledModel:
 
     def __init__(self, model: torch.nn.Module, choice: bool | str, cache: Path | None,
                  say: Callable[[str], None]) -> None:
-        self.model, self.cache, self.say = model, cache, say
+        self.cache, self.say = cache, say
         blocks = repeated_blocks(model) if choice in (True, "regional") else []
         self.mode = "regional" if blocks else "whole"
         self.compiled = blocks or [model]
         self.eager = False  # after a failure, every later step
         self.steady_size: int | None = None  # the training batch size, from the first batch
         self.saved_size = 0  # bytes of artifacts in the cache file we wrote last
+        self.first_saved = False  # whether the caches were saved after the first step
+        self.forwards: list[tuple[torch.nn.Module, Any]] = []  # what each forward was
         self.gave_up: list[str] = []  # functions torch stopped recompiling
         self._listener = _GaveUpListener(self.gave_up)
 
@@ -132,6 +135,7 @@ class CompiledModel:
         for module in self.compiled:
             # The forward of this instance (``nn.Module.compile`` compiles ``_call_impl``,
             # which torch 2.13 leaves untraced); the state dict is untouched.
+            self.forwards.append((module, module.__dict__.get("forward")))
             module.forward = torch.compile(module.forward)
         logging.getLogger(_DYNAMO_LOGGER).addHandler(self._listener)
         what = (f"{len(self.compiled)} repeated blocks ({type(self.compiled[0]).__name__})"
@@ -153,10 +157,12 @@ class CompiledModel:
         except Exception as error:
             result = self.eagerly(run)  # the user's error, when it fails again
             self.eager = True
+            self._restore()
             self.say(f"ipycloud.fit: compile failed ({describe_error(error)}); training "
                      "eagerly from here on")
             return result
-        if not self.saved_size:  # the training graphs are compiled now: keep them
+        if not self.first_saved:  # the training graphs are compiled now: keep them
+            self.first_saved = True
             self.save()
         return result
 
@@ -190,11 +196,22 @@ class CompiledModel:
         self.saved_size = len(artifacts[0])
 
     def finish(self) -> None:
-        """At the run's end: save the caches, stop listening, say where torch gave up."""
+        """At the run's end: save the caches, give the model its own forward back, stop
+        listening, say where torch gave up."""
         self.save()
+        self._restore()
         logging.getLogger(_DYNAMO_LOGGER).removeHandler(self._listener)
         for line in dict.fromkeys(self.gave_up):
             self.say(f"ipycloud.fit: {line}")
+
+    def _restore(self) -> None:
+        """The compiled modules' forwards as they were before the run."""
+        for module, forward in self.forwards:
+            if forward is None:
+                del module.forward
+            else:
+                module.forward = forward
+        self.forwards = []
 
     def _load(self) -> bool:
         if self.cache is None or not self.cache.is_file():
