@@ -1,5 +1,6 @@
 """What a process holds that a checkpoint writer could leak, read from ``/proc``: shared
-memory, memory files (descriptors and mappings), descriptors, threads, child processes.
+memory, memory files (descriptors and mappings), descriptors, threads, child processes
+(multiprocessing's resource tracker left out: Python's, not a writer's).
 
 The regions of background saves are anonymous memory files named
 ``ipycloud-checkpoint`` (``shared_buffers``); every memory file is counted, whoever made it.
@@ -48,7 +49,7 @@ def held_by(pid: int) -> Held:
             start, end = (int(address, 16) for address in fields[0].split("-"))
             regions[fields[4]] = regions.get(fields[4], 0) + end - start  # by inode
     children = [child for child in psutil.Process(pid).children()
-                if child.status() != psutil.STATUS_ZOMBIE]
+                if child.status() != psutil.STATUS_ZOMBIE and not _python_helper(child)]
     return Held(rss_shmem_kb=int(status["RssShmem"].split()[0]),
                 memfd_descriptors=sum(target.startswith("/memfd:") for target in targets),
                 memfd_regions=len(regions), memfd_mapped_kb=sum(regions.values()) // 1024,
@@ -75,3 +76,12 @@ def spread(readings: list[Held]) -> dict[str, dict[str, Any]]:
         values = [getattr(reading, name) for reading in readings]
         figures[name] = {"first": values[0], "last": values[-1], "max": max(values)}
     return figures
+
+
+def _python_helper(child: psutil.Process) -> bool:
+    """multiprocessing's resource tracker: Python starts it once a process spawns one (a
+    fresh rank of ``launch``), and it lives as long as that process; no writer's."""
+    with contextlib.suppress(psutil.Error):
+        return "multiprocessing.resource_tracker" in " ".join(child.cmdline())
+    return False
+
