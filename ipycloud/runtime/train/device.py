@@ -53,10 +53,10 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     if mps is not None and mps.is_available():
         return DeviceChoice(torch.device("mps"), "mps", "Apple GPU through Metal")
     visible = _visible_gpus()
-    problems = [build_problem(gpu) for gpu in visible]
     reason = ("GPUs are visible but this torch has no CUDA build"
               if torch.version.cuda is None and visible
-              else next(filter(None, problems), "no GPU visible, no torch_xla, no MPS"))
+              else next(filter(None, build_problems().values()),
+                        "no GPU visible, no torch_xla, no MPS"))
     return DeviceChoice(torch.device("cpu"), "cpu", reason)
 
 
@@ -85,7 +85,7 @@ def _check_cuda(device: Any) -> None:
         raise ValueError(f"device={str(device)!r}: only {counted(len(gpus), 'NVIDIA GPU')} "
                          f"{'is' if len(gpus) == 1 else 'are'} visible "
                          f"(cuda:0 to cuda:{len(gpus) - 1})")
-    problem = build_problem(gpus[device.index or 0])
+    problem = build_problems().get(gpus[device.index or 0].index)
     if problem is not None:
         raise ValueError(f"device={str(device)!r}: {problem}")
 
@@ -97,18 +97,21 @@ def usable_gpus() -> tuple[GpuInfo, ...]:
 
     if torch.version.cuda is None:
         return ()
-    return tuple(gpu for gpu in _visible_gpus() if build_problem(gpu) is None)
+    problems = build_problems()
+    return tuple(gpu for gpu in _visible_gpus() if problems.get(gpu.index) is None)
 
 
-def build_problem(gpu: GpuInfo) -> str | None:
-    """What keeps this torch from running on ``gpu``, with its fix, in one line; or None."""
+def build_problems() -> dict[int, str | None]:
+    """For each visible GPU (by CUDA ordinal), what keeps this torch from running on it,
+    with its fix, in one line; None where nothing does. One NVML reading."""
     import torch
 
     from ipycloud.runtime.machine import nvml
 
-    driver = nvml.snapshot(with_processes=False).cuda_driver_version
-    return gpu_problem(gpu, torch.cuda.get_arch_list(), torch.__version__, torch.version.cuda,
-                       driver)
+    found = nvml.snapshot(with_processes=False)
+    arches = torch.cuda.get_arch_list()
+    return {gpu.index: gpu_problem(gpu, arches, torch.__version__, torch.version.cuda,
+                                   found.cuda_driver_version) for gpu in found.devices}
 
 
 def _visible_gpus() -> tuple[GpuInfo, ...]:
