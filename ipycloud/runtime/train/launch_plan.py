@@ -46,26 +46,31 @@ def check_launch_arguments(nprocs: int | str, backend: str) -> tuple[int | None,
     return nprocs, backend
 
 
+CUDA_UP = "CUDA is initialised in this process"  # why ranks start fresh, the usual way
+NO_FORK = "this platform cannot fork"
+
+
 @dataclass(frozen=True)
 class RankStart:
-    """How the ranks start: ``fresh`` ones (spawned) get the function and its arguments
-    pickled by value, and ``why`` says what made them fresh."""
+    """How the ranks start: forked, or fresh (spawned: they get the function and its
+    arguments pickled by value) for the reason ``why``."""
 
     context: ForkContext | SpawnContext
-    fresh: bool
-    why: str | None = None
+    why: str | None = None  # None: forked
+
+    @property
+    def fresh(self) -> bool:
+        return self.why is not None
 
 
 def rank_start() -> RankStart:
     """Forked ranks, which start at once and share the notebook's memory; fresh ones where
     CUDA is already initialised here (a forked rank cannot use it) or fork is missing."""
     if cuda_initialised():
-        return RankStart(multiprocessing.get_context("spawn"), True, "CUDA is initialised "
-                         "in this process")
+        return RankStart(multiprocessing.get_context("spawn"), CUDA_UP)
     if "fork" not in multiprocessing.get_all_start_methods():
-        return RankStart(multiprocessing.get_context("spawn"), True,
-                         "this platform cannot fork")
-    return RankStart(multiprocessing.get_context("fork"), False)
+        return RankStart(multiprocessing.get_context("spawn"), NO_FORK)
+    return RankStart(multiprocessing.get_context("fork"))
 
 
 def plan_launch(nprocs: int | None, backend: str) -> LaunchPlan:

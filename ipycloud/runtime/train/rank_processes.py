@@ -28,7 +28,7 @@ from ipycloud.runtime.machine.cuda_start import cuda_started_where
 from ipycloud.runtime.messages import describe_error
 from ipycloud.runtime.train.interrupt import deliver_sigterm
 from ipycloud.runtime.train.launch_errors import LaunchError
-from ipycloud.runtime.train.launch_plan import MASTER_ADDR, LaunchPlan, RankStart
+from ipycloud.runtime.train.launch_plan import CUDA_UP, MASTER_ADDR, LaunchPlan, RankStart
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -44,7 +44,7 @@ Work = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | bytes
 
 @dataclass(frozen=True)
 class RankProcess:
-    """One forked rank, and the read end of the pipe it reports through."""
+    """One rank's process, and the read end of the pipe it reports through."""
 
     rank: int
     process: BaseProcess
@@ -71,7 +71,7 @@ def _not_sendable(start: RankStart, error: Exception) -> str:
     cause = f"launch starts its ranks fresh ({why}), and fn and its arguments cannot be " \
             f"sent to them: {describe_error(error)}: make them picklable (no open file, " \
             "lock, generator or live connection in them or in the globals fn uses)"
-    if start.why and start.why.startswith("CUDA"):
+    if start.why == CUDA_UP:
         return cause + ", or restart the kernel and call launch() before " + (
             "that cell" if where else "anything touches CUDA")
     return cause
