@@ -8,14 +8,20 @@ function imports torch or initialises CUDA.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 _started_where: list[str] = []  # at most one: the first place noted
 
 
+def initialised_torch_cuda() -> Any:
+    """``torch.cuda`` when torch is imported and has initialised CUDA here, else None."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    return cuda if cuda is not None and cuda.is_initialized() else None
+
+
 def cuda_initialised() -> bool:
     """True when torch is imported and has initialised CUDA in this process."""
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
-    return cuda is not None and bool(cuda.is_initialized())
+    return initialised_torch_cuda() is not None
 
 
 def note_cuda_started(where: str) -> None:

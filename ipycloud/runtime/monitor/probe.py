@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from ipycloud.runtime.machine.cgroup import (
     container_memory,
     read_cgroup,
 )
+from ipycloud.runtime.machine.cuda_start import initialised_torch_cuda
 from ipycloud.runtime.machine.nvml import GpuReader, LiveGpu
 from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.machine.snapshot import usable_cpus
@@ -215,8 +215,7 @@ def torch_cuda() -> Any:
 
     Never imports torch, and never initialises CUDA.
     """
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
-    return cuda if cuda is not None and cuda.is_initialized() else None
+    return initialised_torch_cuda()
 
 
 def _gpu_sample(gpu: LiveGpu) -> GpuSample:
