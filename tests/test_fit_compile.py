@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,12 @@ import pytest
 import torch
 from checkpoint_helpers import differences
 
-from ipycloud.runtime.train.compiled import CACHE_FOLDER, check_compile, repeated_blocks
+from ipycloud.runtime.train.compiled import (
+    ARTIFACTS,
+    CACHE_FOLDER,
+    check_compile,
+    repeated_blocks,
+)
 
 SCRIPT = Path(__file__).with_name("compiled_training.py")
 TIMEOUT_S = 600
@@ -54,6 +60,15 @@ def test_the_next_session_loads_the_saved_compile_caches(tmp_path: Path) -> None
     following = result(tmp_path / "next.json")
     assert following["cache_hits"] >= 1  # the compiled graph came from the saved caches
     assert differences(following["state"], first["state"]) == []
+    # The bytes torch hands out are loaded too, not only the built kernels beside them: a
+    # cache file holding the bytes alone still gives the next session its graphs.
+    (tmp_path / "bytes" / CACHE_FOLDER).mkdir(parents=True)
+    with tarfile.open(saved[0]) as whole, \
+            tarfile.open(tmp_path / "bytes" / CACHE_FOLDER / saved[0].name, "w") as alone:
+        alone.addfile(whole.getmember(ARTIFACTS), whole.extractfile(ARTIFACTS))
+    code, text = training(tmp_path / "bytes", tmp_path / "bytes.json")
+    assert code == 0 and "from the caches saved in" in text, text
+    assert result(tmp_path / "bytes.json")["cache_hits"] >= 1
 
 
 def test_the_last_partial_batch_and_validation_compile_nothing_more(tmp_path: Path) -> None:
