@@ -347,7 +347,7 @@ def test_cuda_without_a_visible_gpu_is_a_one_line_error(monkeypatch: pytest.Monk
     from ipycloud.runtime.train import device
 
     monkeypatch.setattr(torch.version, "cuda", "12.4")
-    monkeypatch.setattr(device, "_visible_gpus", lambda: ())
+    monkeypatch.setattr(device, "_gpus_and_problems", lambda: ())
     with pytest.raises(ValueError, match="needs an NVIDIA GPU, and none is visible"):
         device.choose_device("cuda:0")
 

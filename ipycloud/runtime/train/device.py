@@ -43,7 +43,8 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
         if chosen.type == "xla" and not xla_available():
             raise ValueError(f"device={str(chosen)!r} needs torch_xla: {XLA_INSTALL}")
         return DeviceChoice(chosen, chosen.type, "as requested")
-    gpus = usable_gpus()
+    found = _gpus_and_problems()
+    gpus = _usable(found)
     if gpus:
         return DeviceChoice(torch.device("cuda", 0), "cuda",
                             f"{counted(len(gpus), 'NVIDIA GPU')} visible, first: {gpus[0].name}")
@@ -52,10 +53,9 @@ def choose_device(device: Any = "auto") -> DeviceChoice:
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return DeviceChoice(torch.device("mps"), "mps", "Apple GPU through Metal")
-    visible = _visible_gpus()
     reason = ("GPUs are visible but this torch has no CUDA build"
-              if torch.version.cuda is None and visible
-              else next(filter(None, build_problems().values()),
+              if torch.version.cuda is None and found
+              else next(filter(None, (problem for _, problem in found)),
                         "no GPU visible, no torch_xla, no MPS"))
     return DeviceChoice(torch.device("cpu"), "cpu", reason)
 
@@ -77,15 +77,15 @@ def _check_cuda(device: Any) -> None:
         raise ValueError(f"device={str(device)!r} needs CUDA, but this torch "
                          f"{torch.__version__} is a build without CUDA: use device='auto' "
                          "or 'cpu', or install a CUDA build of torch")
-    gpus = _visible_gpus()
-    if not gpus:
+    found = _gpus_and_problems()
+    if not found:
         raise ValueError(f"device={str(device)!r} needs an NVIDIA GPU, and none is visible: "
                          "use device='auto' or 'cpu', or pick a GPU runtime")
-    if device.index is not None and device.index >= len(gpus):
-        raise ValueError(f"device={str(device)!r}: only {counted(len(gpus), 'NVIDIA GPU')} "
-                         f"{'is' if len(gpus) == 1 else 'are'} visible "
-                         f"(cuda:0 to cuda:{len(gpus) - 1})")
-    problem = build_problems().get(gpus[device.index or 0].index)
+    if device.index is not None and device.index >= len(found):
+        raise ValueError(f"device={str(device)!r}: only {counted(len(found), 'NVIDIA GPU')} "
+                         f"{'is' if len(found) == 1 else 'are'} visible "
+                         f"(cuda:0 to cuda:{len(found) - 1})")
+    _, problem = found[device.index or 0]
     if problem is not None:
         raise ValueError(f"device={str(device)!r}: {problem}")
 
@@ -93,31 +93,28 @@ def _check_cuda(device: Any) -> None:
 def usable_gpus() -> tuple[GpuInfo, ...]:
     """The NVIDIA GPUs this process can train on: those NVML sees that this torch has
     kernels for (none for a torch built without CUDA). Neither initialises CUDA."""
+    return _usable(_gpus_and_problems())
+
+
+def _usable(found: tuple[tuple[GpuInfo, str | None], ...]) -> tuple[GpuInfo, ...]:
     import torch
 
     if torch.version.cuda is None:
         return ()
-    problems = build_problems()
-    return tuple(gpu for gpu in _visible_gpus() if problems.get(gpu.index) is None)
+    return tuple(gpu for gpu, problem in found if problem is None)
 
 
-def build_problems() -> dict[int, str | None]:
-    """For each visible GPU (by CUDA ordinal), what keeps this torch from running on it,
-    with its fix, in one line; None where nothing does. One NVML reading."""
+def _gpus_and_problems() -> tuple[tuple[GpuInfo, str | None], ...]:
+    """Each GPU NVML sees (in CUDA's order), with what keeps this torch from running on
+    it, in one line with its fix, or None: from one NVML reading."""
     import torch
 
     from ipycloud.runtime.machine import nvml
 
     found = nvml.snapshot(with_processes=False)
     arches = torch.cuda.get_arch_list()
-    return {gpu.index: gpu_problem(gpu, arches, torch.__version__, torch.version.cuda,
-                                   found.cuda_driver_version) for gpu in found.devices}
-
-
-def _visible_gpus() -> tuple[GpuInfo, ...]:
-    from ipycloud.runtime.machine import nvml
-
-    return nvml.snapshot(with_processes=False).devices
+    return tuple((gpu, gpu_problem(gpu, arches, torch.__version__, torch.version.cuda,
+                                   found.cuda_driver_version)) for gpu in found.devices)
 
 
 def move_to_device(model: Any, optimizer: Any, device: Any) -> Any:
