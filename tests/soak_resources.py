@@ -84,4 +84,3 @@ def _python_helper(child: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
         return "multiprocessing.resource_tracker" in " ".join(child.cmdline())
     return False
-

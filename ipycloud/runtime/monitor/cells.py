@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ipycloud.runtime.monitor.probe import torch_cuda
+from ipycloud.runtime.machine.cuda_start import initialised_torch_cuda
 from ipycloud.runtime.monitor.samples import Sample
 from ipycloud.runtime.tables import Table, aligned_lines, html_table
 from ipycloud.runtime.units import NA, format_bytes, format_duration
@@ -130,7 +130,7 @@ class CellRecorder:
 
     def _pre_run_cell(self, info: ExecutionInfo) -> None:
         sample = self.sampler.sample_now()
-        cuda = torch_cuda()
+        cuda = initialised_torch_cuda()
         source: str | None = "torch"
         gpu: int | None
         if cuda is not None:
@@ -160,7 +160,7 @@ class CellRecorder:
         running.observe(sample)
         gpu_end: int | None
         if running.gpu_source == "torch":
-            cuda = torch_cuda()
+            cuda = initialised_torch_cuda()
             gpu_end = _torch_allocated(sample, cuda)
             running.gpu_peak = _max(running.gpu_peak, sum(
                 cuda.max_memory_allocated(device) for device in range(cuda.device_count())))

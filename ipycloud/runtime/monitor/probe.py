@@ -210,14 +210,6 @@ def _disk(roles: tuple[str, ...], paths: tuple[str, ...],
                       available=figures.f_bavail * block)
 
 
-def torch_cuda() -> Any:
-    """``torch.cuda`` when torch is already imported and has initialised CUDA, else None.
-
-    Never imports torch, and never initialises CUDA.
-    """
-    return initialised_torch_cuda()
-
-
 def _gpu_sample(gpu: LiveGpu) -> GpuSample:
     live = gpu.figures
     return GpuSample(index=gpu.cuda_index, name=gpu.name, utilization=live.utilization_gpu,
@@ -231,7 +223,7 @@ def _with_torch(gpus: tuple[GpuSample, ...]) -> tuple[GpuSample, ...]:
     if not gpus:
         return gpus
     try:
-        cuda = torch_cuda()
+        cuda = initialised_torch_cuda()
         if cuda is None:
             return gpus
         count = cuda.device_count()
