@@ -7,9 +7,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from IPython.core.error import UsageError
 from kernels import execute, outputs
 
+from ipycloud.magics._arguments import _words
 from ipycloud.runtime.checkpoint import CheckpointManager
 from ipycloud.runtime.guard.guard import session_guard
 
@@ -147,6 +150,30 @@ def test_a_word_with_a_newline_is_named_in_one_line(shell) -> None:
         shell.run_line_magic("gpuinfo", "'extra\nword'")
     assert str(caught.value) == ("%gpuinfo: unrecognized arguments: extra\\nword "
                                  "(see %gpuinfo? for usage)")
+
+
+def test_a_comment_after_the_magic_is_dropped_as_a_shell_drops_it(notebook,
+                                                                 tmp_path: Path) -> None:
+    result = notebook.run_cell(f"%checkpoint save model --dir {tmp_path}/a  # the first one")
+    assert result.success, result.error_in_exec
+    assert [info.step for info in CheckpointManager(tmp_path / "a").list()] == [0]
+    # A # inside a word, in quotes or after a backslash is part of the word, as in a shell.
+    result = notebook.run_cell(f"%checkpoint save model --dir {tmp_path}/run#2 --step 2 #done")
+    assert result.success, result.error_in_exec
+    assert [info.step for info in CheckpointManager(tmp_path / "run#2").list()] == [2]
+    notebook.run_line_magic("checkpoint", f"save model --dir '{tmp_path}/kept # 4' --step 4")
+    assert [info.step for info in CheckpointManager(tmp_path / "kept # 4").list()] == [4]
+    notebook.run_line_magic("checkpoint", f"save model --dir {tmp_path}/\\#3 # it's the third")
+    assert [info.step for info in CheckpointManager(tmp_path / "#3").list()] == [0]
+    with pytest.raises(UsageError) as caught:
+        notebook.run_line_magic("checkpoint", 'list --dir "#unclosed # not a comment')
+    assert "No closing quotation" in str(caught.value)
+
+
+@given(st.lists(st.text(min_size=1)), st.text().map(lambda text: text.replace("\n", " ")))
+def test_any_words_quoted_as_a_shell_quotes_them_survive_a_comment(words: list[str],
+                                                                    comment: str) -> None:
+    assert _words(f"{shlex.join(words)} #{comment}") == words
 
 
 def test_words_that_start_with_a_dash_but_are_values_or_operands_reach_the_magic(

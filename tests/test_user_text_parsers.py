@@ -20,7 +20,7 @@ SETTINGS = settings(max_examples=300, deadline=None,
 
 # Words the parsers give meaning to, so that generated input reaches past the first check.
 WORDS = ["--dir", "--every", "--tag", "--json", "-p", "-h", "--", "-", "=", "'", '"', "\\",
-         " ", "save", "list", "start", "add", "sync", "report", "model", "5m", "1h30m", "-5m",
+         " ", "#", "save", "list", "start", "add", "sync", "report", "model", "5m", "1h30m", "-5m",
          "ntfy://", "json://", "127.0.0.1", ":", "/", "?", "&", "@", "%", "~", "$HOME", ",",
          ";", "nan", "inf", "1e400", "9" * 30, "0", ".", "d", "s", "GiB", "\x00", "\udcff"]
 JSON_VALUES = st.recursive(

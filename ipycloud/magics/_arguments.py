@@ -21,13 +21,15 @@ from ipycloud.runtime.units import format_seconds, parse_duration, parse_size
 
 Magic = Callable[..., Any]
 _NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")  # argparse's own test for a negative number
+_SHELL_BLANKS = " \t\r\n"  # what separates words, as shlex's POSIX mode reads them
 
 
 def parse_line(magic: Magic, line: str) -> argparse.Namespace:
     """Parse a magic's line; a mistake raises UsageError naming the magic and its help.
 
     The line is split like a shell command line: quotes group words and are removed, a
-    backslash escapes the next character. Options are never abbreviated (``--jso`` is not
+    backslash escapes the next character, a ``#`` that starts a word begins a comment that
+    runs to the end of the line. Options are never abbreviated (``--jso`` is not
     ``--json``); an empty word (``--dir ""``) and an option given twice are refused.
     """
     name = magic.__name__
@@ -149,11 +151,34 @@ class _ShowHelp(argparse.Action):
 def _words(line: str) -> list[str]:
     """The line split as a POSIX shell splits it; ValueError (one line) when it cannot be."""
     try:
-        return shlex.split(line)
+        return shlex.split(_without_comment(line))
     except ValueError as error:
         if str(error) == "No escaped character":  # shlex's words for a backslash at the end
             raise ValueError("a backslash at the end of the line escapes nothing") from None
         raise  # "No closing quotation"
+
+
+def _without_comment(line: str) -> str:
+    """The line up to a ``#`` that starts a word outside quotes, where a shell's comment
+    starts (``%gpuinfo  # what did I get?``); a ``#`` inside a word (``run#3``), in quotes
+    or after a backslash is kept."""
+    quote = ""
+    escaped = False
+    word_starts = True
+    for index, char in enumerate(line):
+        if escaped:
+            escaped, word_starts = False, False
+            continue
+        if char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and word_starts:
+            return line[:index]
+        word_starts = not quote and char in _SHELL_BLANKS
+    return line
 
 
 def _prepared(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
