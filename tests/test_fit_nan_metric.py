@@ -66,17 +66,20 @@ def test_a_nan_metric_leaves_the_run_going_and_every_epoch_checkpointed(
     assert [line["message"] for line in lines if line["kind"] == "event"] == told
 
 
-def test_keep_best_never_takes_a_nan_or_infinite_metric_as_the_best(tmp_path: Path) -> None:
+@pytest.mark.parametrize("beyond", [INF, 10**400], ids=["infinity", "int beyond a float"])
+def test_keep_best_never_takes_a_nan_or_infinite_metric_as_the_best(tmp_path: Path,
+                                                                   beyond: Any) -> None:
     folder = tmp_path / "run"
     manager = ipycloud.CheckpointManager(folder, keep_last=1, keep_best=("val_r2", "max"))
 
-    train([0.25, NAN, INF, 0.125], manager)
+    history = train([0.25, NAN, beyond, 0.125], manager)
 
     assert [info.epoch for info in manager.list()] == [1, 4]  # the best, and the newest
     state = {"model": problem(32)[0]}
     assert manager.load(state, which="best").epoch == 1
     end = records(folder)[-1]
     assert end["best"] == {"metric": "val_r2", "value": 0.25, "epoch": 0}
+    assert history.epochs[2]["val_r2"] == INF
 
 
 def test_a_manifest_written_with_a_nan_metric_never_ranks_best(tmp_path: Path) -> None:

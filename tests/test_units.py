@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipycloud.runtime.units import counted, format_of, format_rate, parse_size
+from ipycloud.runtime.units import counted, finite_number, format_of, format_rate, parse_size
 
 MIB, GIB, TIB = 2**20, 2**30, 2**40
 
@@ -56,3 +56,13 @@ def test_a_count_has_its_noun_in_the_right_number(number, noun, plural, text) ->
 ])
 def test_a_rate_is_written_for_people_without_an_exponent(rate: float, text: str) -> None:
     assert format_rate(rate) == text
+
+
+@pytest.mark.parametrize(("value", "finite"), [
+    (0, True), (-3, True), (0.5, True), (2**1000, True), (-(10**300), True),
+    (10**400, False), (-(10**400), False), (float("nan"), False), (float("inf"), False),
+    (True, False), ("1", False), (None, False),
+], ids=lambda value: f"{value!r:.12}")
+def test_a_finite_number_can_rank_and_an_int_beyond_a_float_cannot(value: object,
+                                                                   finite: bool) -> None:
+    assert finite_number(value) is finite

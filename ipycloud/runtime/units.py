@@ -18,10 +18,14 @@ MAX_DURATION_S = 30 * 86400  # what a duration given as text may be at most: 30 
 
 
 def finite_number(value: Any) -> TypeGuard[int | float]:
-    """Whether ``value`` is an int or float (not a bool) that is neither NaN nor infinite:
-    a metric that can rank epochs and checkpoints."""
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
+    """Whether ``value`` is an int or float (not a bool) that is neither NaN nor infinite
+    nor an int beyond a float's range: a metric that can rank epochs and checkpoints."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # math.isfinite(10**400): the int has no float
+        return False
 
 
 def counted(number: int, noun: str, plural: str | None = None) -> str:

@@ -9,6 +9,7 @@ every batch joined; for token-level labels, one row per label that counts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -91,6 +92,8 @@ def _metric(name: str, fn: Callable[..., Any], predictions: list[Any],
     value = fn(*joined)
     try:
         return float(value)
+    except OverflowError:  # an int beyond a float's range: infinite, as a float it would be
+        return math.inf if value > 0 else -math.inf
     except (TypeError, ValueError) as error:
         raise TypeError(f"metric {name!r} returned {type(value).__name__}: it must return a "
                         "number") from error
