@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import socket
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from ipycloud.runtime.checkpoint.errors import CheckpointWarning
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.untrusted import is_count, is_unix_time, load_json, read_small
+from ipycloud.runtime.user_warning import warn
 
 LEASE_PREFIX = ".ipycloud-run-"
 LEASE_SUFFIX = ".json"
@@ -154,7 +154,7 @@ def leased(folder: Path) -> bool:
     return found is not None and found.leased
 
 
-def claim(folder: Path, infos: Sequence[CheckpointInfo], *, stacklevel: int = 2) -> str:
+def claim(folder: Path, infos: Sequence[CheckpointInfo]) -> str:
     """The run this process writes in ``folder`` (``infos``: its checkpoints, oldest
     first): the one it claimed or adopted, else the newest run whose writer is gone, else
     a new one.
@@ -178,10 +178,10 @@ def claim(folder: Path, infos: Sequence[CheckpointInfo], *, stacklevel: int = 2)
     found.leased = True
     if others:
         names = ", ".join(writer.describe() for writer in others.values())
-        warnings.warn(f"another live process ({names}) saves checkpoints into {folder} "
-                      "too: this process keeps its own beside them, neither removes the "
-                      "other's, and 'latest' here means this process's newest; give each "
-                      "notebook a folder of its own", CheckpointWarning, stacklevel=stacklevel)
+        warn(f"another live process ({names}) saves checkpoints into {folder} "
+             "too: this process keeps its own beside them, neither removes the "
+             "other's, and 'latest' here means this process's newest; give each "
+             "notebook a folder of its own", CheckpointWarning)
     return found.run
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from ipycloud.runtime.checkpoint.errors import (
     UnsafeCheckpointError,
 )
 from ipycloud.runtime.durable import side_by_side
+from ipycloud.runtime.user_warning import warn
 
 
 def load_verified(candidates: Iterable[CheckpointInfo], directory: Path, map_location: Any,
@@ -63,8 +63,8 @@ def torch_load(info: CheckpointInfo, map_location: Any, unsafe: bool) -> dict[st
     no ipycloud checkpoint."""
     torch = require("torch", "torch")
     if unsafe:
-        warnings.warn(f"loading {info.data_path} with unsafe_allow_pickle=True: the file can "
-                      "run any code it carries", CheckpointWarning, stacklevel=3)
+        warn(f"loading {info.data_path} with unsafe_allow_pickle=True: the file can "
+             "run any code it carries", CheckpointWarning)
         payload = torch.load(info.data_path, map_location=map_location, weights_only=False)
     else:
         try:

@@ -8,7 +8,6 @@ import functools
 import os
 import shutil
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +50,7 @@ from ipycloud.runtime.durable import (
     mount_point,
     write_temporary,
 )
+from ipycloud.runtime.user_warning import warn
 
 __all__ = ["KEEP_LAST", "Blocking", "CheckpointManager", "Which", "check_keep_last",
            "close_all", "default_directory"]
@@ -195,8 +195,7 @@ class CheckpointManager:
         """This process's run in the folder, claimed at its first save there."""
         run = leases.claimed(self.directory)
         if run is None or not leases.leased(self.directory):
-            run = leases.claim(self.directory, catalog.read_catalog(self.directory)[0],
-                             stacklevel=4)
+            run = leases.claim(self.directory, catalog.read_catalog(self.directory)[0])
         return run
 
     def run_id(self) -> str:
@@ -418,7 +417,7 @@ class CheckpointManager:
         Each that fails goes to ``damaged(info, problem)``: by default a warning (or an
         error for a checkpoint named by ``which``); given one, nothing is warned.
         """
-        for info in self._candidates(which, warn=damaged is None):
+        for info in self._candidates(which, tell_unreadable=damaged is None):
             problem = integrity.problem(info)
             if problem is None:
                 yield info
@@ -427,15 +426,15 @@ class CheckpointManager:
             else:
                 damaged(info, problem)
 
-    def _candidates(self, which: Which, *, warn: bool = True,
+    def _candidates(self, which: Which, *, tell_unreadable: bool = True,
                     best_by: tuple[str, str] | None = None) -> Sequence[CheckpointInfo]:
         """Checkpoints matching ``which``, preferred first (``selection.preferred``); for
         "latest" and "best", those of runs another live process writes only when there is
         no other."""
         found, unreadable = self.fallback_folder.read()
-        for name in unreadable if warn else ():
-            warnings.warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
-                          "skipping it", CheckpointWarning, stacklevel=4)
+        for name in unreadable if tell_unreadable else ():
+            warn(f"checkpoint manifest {name} in {self.directory} is unreadable; "
+                 "skipping it", CheckpointWarning)
         infos = self._without_others(found) if which in ("latest", catalog.BEST) else found
         return preferred(infos, which, self.directory, self.keep_best, best_by)
 
@@ -457,8 +456,8 @@ class CheckpointManager:
         if which not in ("latest", catalog.BEST):
             raise CheckpointError(f"checkpoint {info.name} is damaged: {problem}")
         instead = "the previous one" if which == "latest" else "the next best"
-        warnings.warn(f"checkpoint {info.name} in {self.directory} is damaged ({problem}); "
-                      f"using {instead}", CheckpointWarning, stacklevel=4)
+        warn(f"checkpoint {info.name} in {self.directory} is damaged ({problem}); "
+             f"using {instead}", CheckpointWarning)
 
 
 def default_directory(run: str, option: str = "directory=") -> Path:
@@ -468,9 +467,9 @@ def default_directory(run: str, option: str = "directory=") -> Path:
 
     platform = detect_platform()
     if platform.persistent_dir is None:
-        warnings.warn(f"nothing survives a {platform.name} session: checkpoints go to "
-                      f"{platform.scratch_dir}; download them or pass {option}",
-                      CheckpointWarning, stacklevel=3)
+        warn(f"nothing survives a {platform.name} session: checkpoints go to "
+             f"{platform.scratch_dir}; download them or pass {option}",
+             CheckpointWarning)
         return platform.scratch_dir / "checkpoints" / run
     if not platform.persistent_dir.is_dir():
         raise CheckpointError(f"the persistent folder {platform.persistent_dir} of "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno as errnos
 import threading
-import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -34,6 +33,7 @@ from ipycloud.runtime.checkpoint.errors import (
 from ipycloud.runtime.checkpoint.manager import Blocking, CheckpointManager
 from ipycloud.runtime.checkpoint.save_details import SaveDetails
 from ipycloud.runtime.per_process import per_process
+from ipycloud.runtime.user_warning import warn
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -252,7 +252,7 @@ class ResilientSaver:
 
     def _tell(self, text: str | None, event: str) -> None:
         if text:
-            warnings.warn(f"ipycloud: {text}", CheckpointWarning, stacklevel=4)
+            warn(f"ipycloud: {text}", CheckpointWarning)
             if self.listener is not None:
                 self.listener(event, text)
 

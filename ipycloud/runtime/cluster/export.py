@@ -39,6 +39,7 @@ from ipycloud.runtime.cluster.task import REQUIREMENTS_FILE, TASK_FILE, Plan, ta
 from ipycloud.runtime.durable import refuse_a_file, write_bytes_atomically
 from ipycloud.runtime.messages import describe_error, one_line
 from ipycloud.runtime.units import format_bytes
+from ipycloud.runtime.user_warning import warn
 
 PAYLOAD_FILE = "train.pkl"
 WORKER_MODULE = "ipycloud.runtime.cluster.worker"
@@ -195,9 +196,9 @@ def _function(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, 
                           "such objects inside the function", function=name,
                           reason=describe_error(error)) from None
     if len(payload) > LARGE_PAYLOAD:
-        warnings.warn(f"{PAYLOAD_FILE} is {format_bytes(len(payload))}: {name} or its "
-                      "arguments hold data; load it inside the function, or from a bucket "
-                      "mounted with data=", ClusterWarning, stacklevel=3)
+        warn(f"{PAYLOAD_FILE} is {format_bytes(len(payload))}: {name} or its "
+             "arguments hold data; load it inside the function, or from a bucket "
+             "mounted with data=", ClusterWarning)
     return _Training(described=f"{name}(...) from {PAYLOAD_FILE} "
                                f"({format_bytes(len(payload))})",
                      files={PAYLOAD_FILE: payload},

@@ -18,7 +18,6 @@ import os
 import socket
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,6 +25,7 @@ from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.recorder import kernel_id
 from ipycloud.runtime.runs.run_watch import Change, RunWatch, find_log
 from ipycloud.runtime.runs.summary import LIVE, RunSummary, progress_line
+from ipycloud.runtime.user_warning import warn
 
 INTERVAL_S = 1.0  # between two looks at the record, at least
 BUSY_SHARE = 0.01  # of a core that looking and showing take, at most
@@ -97,10 +97,9 @@ def _note_follower(watch: RunWatch) -> None:
     try:
         records.add_follower(watch.summary.id, watch.log, follower)
     except OSError as error:
-        warnings.warn(f"cannot name run {watch.summary.id} in the index of runs "
-                      f"{records.index_dir()} ({error.strerror or error}): it is followed, "
-                      "but JupyterLab's Runs will not list it", records.RunRecordWarning,
-                      stacklevel=4)
+        warn(f"cannot name run {watch.summary.id} in the index of runs "
+             f"{records.index_dir()} ({error.strerror or error}): it is followed, "
+             "but JupyterLab's Runs will not list it", records.RunRecordWarning)
 
 
 class TextView:

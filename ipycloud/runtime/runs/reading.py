@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import threading
-import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.log_reader import LogReader
 from ipycloud.runtime.runs.summary import RunSummary, summarize
+from ipycloud.runtime.user_warning import warn
 
 CACHED_LOGS = 16  # logs whose readers are kept (the last read): read again, they parse
 # only what was appended
@@ -90,8 +90,8 @@ def _summary(log: Path) -> RunSummary | None:
     try:
         reader.read(torn_tail=True)
     except OSError as error:
-        warnings.warn(f"run log {log} cannot be read ({error.strerror or error}); left out",
-                      records.RunRecordWarning, stacklevel=3)
+        warn(f"run log {log} cannot be read ({error.strerror or error}); left out",
+             records.RunRecordWarning)
         return None
     return reader.summary()
 

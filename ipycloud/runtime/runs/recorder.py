@@ -17,7 +17,6 @@ import re
 import socket
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from ipycloud._version import __version__
 from ipycloud.runtime.checkpoint.leases import new_run_id
 from ipycloud.runtime.runs import records
 from ipycloud.runtime.runs.appender import Appender
+from ipycloud.runtime.user_warning import warn
 
 if TYPE_CHECKING:
     from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
@@ -99,10 +99,10 @@ class RunRecorder:
         if failure is None or self._warned:
             return
         self._warned = True
-        warnings.warn(f"ipycloud.fit: the run's record cannot be written to "
-                      f"{self.appender.path} ({failure.strerror or failure}); training goes "
-                      "on, and the record's lines are kept in memory and written once it "
-                      "answers", records.RunRecordWarning, stacklevel=4)
+        warn(f"ipycloud.fit: the run's record cannot be written to "
+             f"{self.appender.path} ({failure.strerror or failure}); training goes "
+             "on, and the record's lines are kept in memory and written once it "
+             "answers", records.RunRecordWarning)
 
 
 def this_process() -> dict[str, Any]:

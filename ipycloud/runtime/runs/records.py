@@ -18,7 +18,6 @@ import itertools
 import json
 import os
 import re
-import warnings
 from collections import deque
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -34,6 +33,7 @@ from ipycloud.runtime.untrusted import (
     strict,
     strict_dumps,
 )
+from ipycloud.runtime.user_warning import warn
 
 RECORD_FOLDER = ".ipycloud-runs"
 SUFFIX = ".jsonl"
@@ -288,8 +288,7 @@ class Lines:
         if self.tell and self.damaged <= MAX_WARNINGS:
             more = (" (the log's further damaged lines are skipped without a word)"
                     if self.damaged == MAX_WARNINGS else "")
-            warnings.warn(f"run log {self.path}: {what}; skipped{more}", RunRecordWarning,
-                          stacklevel=4)
+            warn(f"run log {self.path}: {what}; skipped{more}", RunRecordWarning)
 
 
 def parse_record(line: bytes) -> dict[str, Any] | None:

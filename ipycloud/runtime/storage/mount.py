@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.messages import one_line, worded
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.storage import tree
+from ipycloud.runtime.user_warning import warn
 
 PROJECT_FOLDERS = ("data", "models", "checkpoints", "logs", "outputs")
 KINDS = ("auto", "drive", "kaggle", "local")
@@ -97,8 +97,8 @@ def mount(kind: str = "auto", *, project: str | None = None, force: bool = False
                          platform.persistent_dir is not None,
                          _kaggle_inputs(folder) if kind == "kaggle" else ())
     if not result.persistent:
-        warnings.warn(f"nothing persists on {platform.name}: {result.project} is lost when "
-                      "the session ends; download what you need", StorageWarning, stacklevel=2)
+        warn(f"nothing persists on {platform.name}: {result.project} is lost when "
+             "the session ends; download what you need", StorageWarning)
     _mounts().latest = result
     return result
 

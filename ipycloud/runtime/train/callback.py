@@ -21,11 +21,12 @@ record, the live curves, alerts) is dropped with one warning: following a run ne
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ipycloud.runtime.user_warning import warn
 
 if TYPE_CHECKING:
     from ipycloud.runtime.checkpoint.catalog import CheckpointInfo
@@ -176,9 +177,8 @@ class RunCallbacks:
                     raise  # the user's code: its error stops fit, with its traceback
                 self.own.remove(callback)
                 self._sort()
-                warnings.warn(f"ipycloud.fit: {type(callback).__name__} stopped following "
-                              f"the run: {type(error).__name__}: {error}", RuntimeWarning,
-                              stacklevel=3)
+                warn(f"ipycloud.fit: {type(callback).__name__} stopped following "
+                     f"the run: {type(error).__name__}: {error}", RuntimeWarning)
 
 
 _fronts: list[CallbackFactory] = []
@@ -198,8 +198,8 @@ def own_callbacks(start: RunStart, built_in: Sequence[CallbackFactory]) -> list[
         try:
             callback = factory(start)
         except Exception as error:
-            warnings.warn(f"ipycloud.fit: cannot follow the run ({factory.__name__}): "
-                          f"{type(error).__name__}: {error}", RuntimeWarning, stacklevel=3)
+            warn(f"ipycloud.fit: cannot follow the run ({factory.__name__}): "
+                 f"{type(error).__name__}: {error}", RuntimeWarning)
             continue
         if callback is not None:
             made.append(callback)

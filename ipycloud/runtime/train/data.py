@@ -13,7 +13,6 @@ import itertools
 import math
 import multiprocessing
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from ipycloud.runtime.train.sampling import (
 )
 from ipycloud.runtime.train.workers import LoaderIterators
 from ipycloud.runtime.units import counted
+from ipycloud.runtime.user_warning import warn
 
 _LOADER_SETTINGS = ("num_workers", "collate_fn", "pin_memory", "timeout",
                     "worker_init_fn", "multiprocessing_context", "persistent_workers",
@@ -137,9 +137,9 @@ class EpochData:
             return self.iterators.iterate(self._loader)
         self._last_batch = _length(self._source)
         if self.batches:
-            warnings.warn(f"resuming mid-epoch reads and discards {self.batches} batches: "
-                          "use a DataLoader over a map-style dataset to skip them without "
-                          "reading", stacklevel=4)
+            warn(f"resuming mid-epoch reads and discards {self.batches} batches: "
+                 "use a DataLoader over a map-style dataset to skip them without "
+                 "reading")
         return itertools.islice(self.iterators.iterate(self._source), self.batches, None)
 
     def _custom_sampler(self) -> Any:

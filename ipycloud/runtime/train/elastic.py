@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Sequence
+
+from ipycloud.runtime.user_warning import warn
 
 SEPARATE_STORES = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
@@ -42,7 +43,7 @@ def warn_if_restarts_can_hang() -> None:
     shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
     if shared and restarts.isdigit() and int(restarts) > 0 and os.environ.get("RANK") == "0":
-        warnings.warn("torchrun shares its agents' store with these workers, so a group it "
-                      "restarts can wait forever in init_process_group (pytorch#135712): "
-                      "start it with 'ipycloud torchrun' instead, or set "
-                      f"{SEPARATE_STORES}=1", RuntimeWarning, stacklevel=3)
+        warn("torchrun shares its agents' store with these workers, so a group it "
+             "restarts can wait forever in init_process_group (pytorch#135712): "
+             "start it with 'ipycloud torchrun' instead, or set "
+             f"{SEPARATE_STORES}=1", RuntimeWarning)

@@ -3,7 +3,6 @@ starts, a metric that cannot rank epochs, an early stop, and how it ends, told o
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.runs.best import best_epoch
@@ -14,6 +13,7 @@ from ipycloud.runtime.train.interrupt import FitInterrupted
 from ipycloud.runtime.train.progress import Progress
 from ipycloud.runtime.train.stop_control import Phase, first_line
 from ipycloud.runtime.units import counted, finite_number
+from ipycloud.runtime.user_warning import warn
 
 if TYPE_CHECKING:
     from ipycloud.runtime.train.loop import _Trainer
@@ -78,7 +78,7 @@ class RunEvents:
                 line = (f"ipycloud.fit: {metric} is {'NaN' if value != value else value} at "
                         f"epoch {logs['epoch']}: a value that is not a finite number counts "
                         "neither as the best (keep_best) nor as an improvement (EarlyStopping)")
-                warnings.warn(line, RuntimeWarning, stacklevel=2)
+                warn(line, RuntimeWarning)
                 trainer.callbacks.tell("on_event", "metric_not_finite", line)
 
     def _ranking_metrics(self) -> set[str]:
