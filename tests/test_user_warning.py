@@ -64,10 +64,10 @@ def test_a_magics_warning_is_told_at_the_cell_not_inside_ipython(
     monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/example/repo")
     monkeypatch.setenv("HOME", str(tmp_path))
 
-    with pytest.warns(CheckpointWarning, match="nothing survives a Binder session") as warned:
-        with contextlib.suppress(UsageError):  # no checkpoint folder yet: said after it
-            line = next_line()
-            shell.run_line_magic("checkpoint", "list")
+    with (pytest.warns(CheckpointWarning, match="nothing survives a Binder session") as warned,
+          contextlib.suppress(UsageError)):  # no checkpoint folder yet: said after the warning
+        line = next_line()
+        shell.run_line_magic("checkpoint", "list")
     assert place(warned) == (__file__, line)
 
     with warnings.catch_warnings(record=True) as caught:
