@@ -41,6 +41,8 @@ _LAZY_ATTRIBUTES = {
     "download": "ipycloud.runtime.storage.download",
     "extract": "ipycloud.runtime.storage.extract",
     "sync": "ipycloud.runtime.storage.sync",
+    "StorageError": "ipycloud.runtime.storage.errors",
+    "StorageWarning": "ipycloud.runtime.storage.errors",
     "BackgroundSync": "ipycloud.runtime.storage.periodic_sync",
     "kaggle_download": "ipycloud.runtime.storage.kaggle",
     "gdrive_download": "ipycloud.runtime.storage.gdrive",

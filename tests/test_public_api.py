@@ -25,6 +25,8 @@ PUBLIC = [
     "LaunchError",
     "NonFiniteLossError",
     "StopTraining",
+    "StorageError",
+    "StorageWarning",
     "__version__",
     "cluster",
     "detect_platform",
@@ -58,6 +60,8 @@ RAISED_IN = {
     "LaunchError": "ipycloud.runtime.train.launch_errors",
     "NonFiniteLossError": "ipycloud.runtime.train.step_runner",
     "StopTraining": "ipycloud.runtime.train.callback",
+    "StorageError": "ipycloud.runtime.storage.errors",
+    "StorageWarning": "ipycloud.runtime.storage.errors",
 }
 
 # Names that left the top level, and the module each is imported from now.

@@ -27,6 +27,7 @@ from typing import BinaryIO
 
 from ipycloud.runtime.durable import fsync_folder, refuse_a_file
 from ipycloud.runtime.messages import scrub
+from ipycloud.runtime.storage.errors import StorageError
 from ipycloud.runtime.storage.partial import PartFile, PartInTheWay, Validators
 from ipycloud.runtime.storage.verify import Expect, check_name, name_or_none
 from ipycloud.runtime.units import counted
@@ -50,7 +51,7 @@ class DownloadResult:
     skipped: bool
 
 
-class DownloadError(Exception):
+class DownloadError(StorageError):
     """A download that could not complete or verify; the message is one line."""
 
 

@@ -53,6 +53,7 @@ from ipycloud.runtime.storage.archive import (
     archive_kind,
     open_archive,
 )
+from ipycloud.runtime.storage.errors import StorageError
 from ipycloud.runtime.storage.expansion import Budget, ExpansionLimit
 from ipycloud.runtime.units import counted
 
@@ -71,7 +72,7 @@ class ExtractReport:
     refused: tuple[str, ...]
 
 
-class UnsafeArchiveError(Exception):
+class UnsafeArchiveError(StorageError):
     """Raised by ``extract(strict=True)`` when a member was refused."""
 
     def __init__(self, archive: Path, refused: tuple[str, ...]) -> None:

@@ -33,6 +33,7 @@ from ipycloud.runtime.durable import (
     write_bytes_atomically,
 )
 from ipycloud.runtime.messages import errno_reason, one_line, worded
+from ipycloud.runtime.storage.errors import StorageError
 from ipycloud.runtime.storage.mount import data_folder
 from ipycloud.runtime.storage.verify import Expect, check_name, hash_file
 from ipycloud.runtime.units import counted
@@ -50,7 +51,7 @@ _QUERY_PATHS = {"/uc": "file", "/open": "file", "/download": "file",
 _SHARE_HINT = "share it as 'Anyone with the link' (Share > General access)"
 
 
-class GdriveError(Exception):
+class GdriveError(StorageError):
     """A Google Drive download that failed; the message is one line and says what to do."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ipycloud.runtime.durable import write_bytes_atomically
 from ipycloud.runtime.messages import scrub
+from ipycloud.runtime.storage.errors import StorageError
 from ipycloud.runtime.storage.mount import last_mount
 from ipycloud.runtime.untrusted import TooLarge, load_json, read_small
 
@@ -27,7 +28,7 @@ MAX_CREDENTIALS_BYTES = 64 << 10  # a kaggle.json is under 100 bytes
 WEB = "https://www.kaggle.com"
 
 
-class KaggleError(Exception):
+class KaggleError(StorageError):
     """A Kaggle download that could not complete; the message is one line and says what to do."""
 
 

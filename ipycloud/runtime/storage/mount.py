@@ -17,6 +17,7 @@ from ipycloud.runtime.machine.platform import Platform, detect_platform
 from ipycloud.runtime.messages import one_line, worded
 from ipycloud.runtime.per_process import per_process
 from ipycloud.runtime.storage import tree
+from ipycloud.runtime.storage.errors import StorageError, StorageWarning
 from ipycloud.runtime.user_warning import warn
 
 PROJECT_FOLDERS = ("data", "models", "checkpoints", "logs", "outputs")
@@ -24,12 +25,8 @@ KINDS = ("auto", "drive", "kaggle", "local")
 DEFAULT_PROJECT = "default"
 
 
-class MountError(Exception):
+class MountError(StorageError):
     """The persistent storage could not be mounted; the message says what to do."""
-
-
-class StorageWarning(UserWarning):
-    """Nothing written here outlives the session."""
 
 
 @dataclass(frozen=True)
