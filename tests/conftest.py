@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fake_nvml import BOARDS, FakeBoard, build_module
+from hypothesis import settings
 from IPython.core.interactiveshell import InteractiveShell
 from page_process import scripted_probe
 from traitlets.config import Config
@@ -21,6 +22,13 @@ from ipycloud.runtime.machine import nvml
 from ipycloud.runtime.monitor.sampler import Sampler
 from ipycloud.runtime.monitor.webpage import PageServer
 from ipycloud.runtime.per_process import reset_process_state
+
+# The property tests draw the same examples on every run, so that the suite's outcome
+# depends on the code alone; HYPOTHESIS_PROFILE=explore draws new ones each run (the fuzz
+# benchmarks, benchmarks/*_fuzz.py, explore far more).
+settings.register_profile("suite", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 # Fixtures of the loopback servers and of failing storage, for any test module that names
 # them.
