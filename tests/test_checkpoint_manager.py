@@ -639,6 +639,23 @@ def test_steps_beyond_the_names_nine_digits_are_refused(tmp_path: Path) -> None:
     assert [info.step for info in manager.list()] == [999_999_999]
 
 
+@pytest.mark.parametrize("epoch", [-3, 1.5, True, "2", 2**53 + 1])
+def test_bad_epochs_are_value_errors_and_save_nothing(tmp_path: Path, epoch: Any) -> None:
+    """An epoch the manifest's reader would refuse: the checkpoint would never be listed."""
+    folder = tmp_path / "run"
+    with pytest.raises(ValueError, match=r"^epoch must be a non-negative integer \(at most "
+                                         r"2\*\*53\) or None, not "):
+        CheckpointManager(folder).save({"x": 1}, step=1, epoch=epoch)
+    assert not folder.exists()
+
+
+def test_the_largest_numbers_a_manifest_keeps_read_back_as_saved(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "run")
+    manager.save({"x": 1}, step=1, epoch=2**53, data_position={"seed": 2**53, "at": -(2**53)})
+    (info,) = manager.list()
+    assert (info.epoch, info.data_position) == (2**53, {"seed": 2**53, "at": -(2**53)})
+
+
 @pytest.mark.parametrize("tag", ["1abc", "latest", "best", "a/b", "", "x" * 65])
 def test_bad_tags_are_value_errors(tmp_path: Path, tag: str) -> None:
     with pytest.raises(ValueError, match="invalid tag"):
@@ -649,7 +666,7 @@ def test_a_nan_or_infinite_metric_is_left_out_of_a_checkpoint_saved_whole(
         tmp_path: Path) -> None:
     manager = CheckpointManager(tmp_path / "run")
     info = manager.save({"x": 1}, step=1, metrics={"loss": math.nan, "f1": -math.inf,
-                                                   "accuracy": 0.5})
+                                                   "accuracy": 0.5, "count": 10**400})
     assert info is not None and info.metrics == {"accuracy": 0.5}
     manifest = json.loads(info.manifest_path.read_text(),
                           parse_constant=lambda constant: pytest.fail(constant))
@@ -657,10 +674,14 @@ def test_a_nan_or_infinite_metric_is_left_out_of_a_checkpoint_saved_whole(
     assert [saved.step for saved in manager.list()] == [1]
 
 
-def test_a_data_position_with_nan_is_refused_and_saves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("position", [{"at": math.nan}, {"seed": 2**53 + 1},
+                                      [1, {"nested": [-(2**60)]}]])
+def test_a_data_position_that_would_not_read_back_is_refused_and_saves_nothing(
+        tmp_path: Path, position: Any) -> None:
     folder = tmp_path / "run"
-    with pytest.raises(ValueError, match=r"^data_position must be JSON data \(finite numbers"):
-        CheckpointManager(folder).save({"x": 1}, step=1, data_position={"at": math.nan})
+    with pytest.raises(ValueError, match=r"^data_position must be JSON data \(finite numbers, "
+                                         r"integers within 2\*\*53"):
+        CheckpointManager(folder).save({"x": 1}, step=1, data_position=position)
     assert not list(folder.glob("step-*"))
 
 

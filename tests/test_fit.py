@@ -390,7 +390,9 @@ def test_the_loader_fits_this_machine() -> None:
         ({"checkpoint_every_steps": "5"}, ValueError, "checkpoint_every_steps must be a number "
                                                       "of optimizer steps >= 1, not '5'"),
         ({"clip_grad_norm": "1.0"}, ValueError, "clip_grad_norm must be a positive number"),
-        ({"seed": 1.5}, ValueError, "seed must be a whole number >= 0, not 1.5"),
+        ({"seed": 1.5}, ValueError, "seed must be a whole number from 0 to 2**53, not 1.5"),
+        ({"seed": 2**53 + 1}, ValueError, "seed must be a whole number from 0 to 2**53, not "
+                                          "9007199254740993"),
         ({"checkpoint": 3}, TypeError, "checkpoint must be a folder or a CheckpointManager"),
         ({"loss_fn": None, "train_data": [(torch.randn(4, 8), torch.randn(4, 4))]},
          ValueError, "cannot tell which loss fits outputs (4, 4) and targets (4, 4) "

@@ -34,6 +34,7 @@ from ipycloud.runtime.checkpoint.loading import load_verified
 from ipycloud.runtime.checkpoint.restore import restore
 from ipycloud.runtime.checkpoint.rotation import remove_leftovers, rotate
 from ipycloud.runtime.checkpoint.save_details import (
+    check_epoch,
     check_keep_last,
     check_step,
     finite_metrics,
@@ -159,6 +160,7 @@ class CheckpointManager:
         """
         self.wait()
         check_step(step)
+        check_epoch(epoch)
         if not isinstance(blocking, bool) and blocking != "auto":
             raise ValueError(f"blocking must be True, False or 'auto', not {blocking!r}")
         catalog.validate_tag(tag)

@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 from ipycloud._version import __version__
 from ipycloud.runtime.checkpoint import catalog
 from ipycloud.runtime.units import finite_number
+from ipycloud.runtime.untrusted import MAX_INT, is_count
 
 
 class SaveDetails(TypedDict, total=False):
@@ -39,6 +40,13 @@ def check_step(step: int) -> None:
                          f"nine digits), not {step}")
 
 
+def check_epoch(epoch: int | None) -> None:
+    """ValueError unless ``epoch`` is None or a count a manifest keeps exactly."""
+    if epoch is not None and not is_count(epoch):
+        raise ValueError(f"epoch must be a non-negative integer (at most 2**53) or None, "
+                         f"not {epoch!r}")
+
+
 def finite_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     """Metrics as plain floats (tensors and NumPy scalars included), less those that are
     NaN or infinite: they rank nothing, and a manifest is strict JSON."""
@@ -46,6 +54,8 @@ def finite_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     for key, value in (metrics or {}).items():
         try:
             number = float(value)
+        except OverflowError:  # an int beyond a float's range: infinite, so left out
+            continue
         except (TypeError, ValueError):
             raise ValueError(f"metric {key!r} must be a number, not {value!r}") from None
         if finite_number(number):
@@ -54,13 +64,28 @@ def finite_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
 
 
 def json_ready(value: Any, name: str) -> Any:
-    """``value``, or ValueError naming it (``name``) where it is not strict JSON data."""
+    """``value``, or ValueError naming it (``name``) where it is not strict JSON data that
+    reads back as written (an integer beyond 2**53 would read back as null)."""
     try:
         json.dumps(value, allow_nan=False)
+        exact = _exact(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be JSON data (finite numbers, strings, lists, dicts), "
-                         f"not {value!r}") from None
+        exact = False
+    if not exact:
+        raise ValueError(f"{name} must be JSON data (finite numbers, integers within "
+                         f"2**53, strings, lists, dicts), not {value!r}")
     return value
+
+
+def _exact(value: Any) -> bool:
+    """Whether every integer in ``value`` is one a reader of manifests keeps exactly."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return -MAX_INT <= value <= MAX_INT
+    if isinstance(value, dict):
+        return all(map(_exact, value.values()))
+    if isinstance(value, list | tuple):
+        return all(map(_exact, value))
+    return True
 
 
 def versions() -> dict[str, str | None]:

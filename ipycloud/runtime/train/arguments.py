@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ipycloud.runtime.messages import os_reason
+from ipycloud.runtime.untrusted import is_count
 
 if TYPE_CHECKING:
     from ipycloud.runtime.checkpoint import CheckpointManager
@@ -65,8 +66,8 @@ def check_numbers(clip_grad_norm: Any, seed: Any) -> None:
             clip_grad_norm, int | float) or not clip_grad_norm > 0):
         raise ValueError(f"clip_grad_norm must be a positive number (the largest gradient "
                          f"norm), not {clip_grad_norm!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed must be a whole number >= 0, not {seed!r}")
+    if seed is not None and not is_count(seed):  # a checkpoint keeps it exactly
+        raise ValueError(f"seed must be a whole number from 0 to 2**53, not {seed!r}")
 
 
 def check_progress(progress: Any) -> None:

@@ -118,8 +118,8 @@ def fit(model: Any, optimizer: Any, train_data: Iterable[Any], *,
     - ``progress=True`` shows a progress bar and, in a notebook, live charts of the loss
       (raw and smoothed), the learning rate and the validation metrics under it, redrawn
       at most once a second; ``"bar"`` shows the bar alone, False nothing.
-    - ``seed`` fixes the data order and every sample's random draws (default:
-      ``torch.initial_seed()``).
+    - ``seed`` (0 to 2**53, which a checkpoint keeps exactly) fixes the data order and
+      every sample's random draws (default: ``torch.initial_seed()``).
     - ``release=True`` (with ``checkpoint=``) gives the machine back once the run has
       finished or stopped early, its final checkpoint read back and verified and every
       background sync of its folder through a final pass: on Colab the runtime is
