@@ -213,9 +213,10 @@ def test_the_installed_wheel_passes_the_fast_tests_without_node(dists: Dists,
            "PATH": os.pathsep.join([str(env_dir / "bin"), path_without_node(tmp_path / "bin")])}
     for command in NODE_COMMANDS:
         assert shutil.which(command, path=env["PATH"]) is None, command
-    # pytest, its timeout plugin, and what the helpers conftest.py loads import beyond them.
+    # pytest, its timeout plugin, and what conftest.py and the helpers it loads import
+    # beyond them (hypothesis: its profile for the property tests).
     runners = [f"{name}=={importlib.metadata.version(name)}"
-               for name in ("pytest", "pytest-timeout", "requests")]
+               for name in ("pytest", "pytest-timeout", "requests", "hypothesis")]
     run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", str(dists.wheel),
          *runners], env=env, cwd=tmp_path, timeout=900)
 
