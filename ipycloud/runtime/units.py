@@ -28,6 +28,15 @@ def finite_number(value: Any) -> TypeGuard[int | float]:
         return False
 
 
+def as_float(value: Any) -> float:
+    """``float(value)``, with an int beyond a float's range as the infinity it rounds to
+    (``float(10**400)`` raises OverflowError); TypeError or ValueError for a non-number."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def counted(number: int, noun: str, plural: str | None = None) -> str:
     """The number with its noun in the right number: ``1 file``, ``0 files``, ``2 GPUs``
     (``plural`` where adding an s is wrong)."""

@@ -10,7 +10,7 @@ from typing import Any, TypedDict
 
 from ipycloud._version import __version__
 from ipycloud.runtime.checkpoint import catalog
-from ipycloud.runtime.units import finite_number
+from ipycloud.runtime.units import as_float, finite_number
 from ipycloud.runtime.untrusted import MAX_INT, is_count
 
 
@@ -53,9 +53,7 @@ def finite_metrics(metrics: Mapping[str, Any] | None) -> dict[str, float]:
     values = {}
     for key, value in (metrics or {}).items():
         try:
-            number = float(value)
-        except OverflowError:  # an int beyond a float's range: infinite, so left out
-            continue
+            number = as_float(value)
         except (TypeError, ValueError):
             raise ValueError(f"metric {key!r} must be a number, not {value!r}") from None
         if finite_number(number):
@@ -68,9 +66,10 @@ def json_ready(value: Any, name: str) -> Any:
     reads back as written (an integer beyond 2**53 would read back as null)."""
     try:
         json.dumps(value, allow_nan=False)
-        exact = _exact(value)
     except (TypeError, ValueError):
         exact = False
+    else:
+        exact = _exact(value)
     if not exact:
         raise ValueError(f"{name} must be JSON data (finite numbers, integers within "
                          f"2**53, strings, lists, dicts), not {value!r}")

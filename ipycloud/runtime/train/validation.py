@@ -9,12 +9,12 @@ every batch joined; for token-level labels, one row per label that counts.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ipycloud.runtime.train.batches import IGNORE_INDEX, labels_of
 from ipycloud.runtime.train.losses import aligned, class_labels, logits_of
+from ipycloud.runtime.units import as_float
 
 Forward = Callable[[Any], tuple[Any, Any, Any]]  # batch -> (outputs, targets, loss)
 
@@ -91,9 +91,7 @@ def _metric(name: str, fn: Callable[..., Any], predictions: list[Any],
                          f"the first dimension: {error}") from error
     value = fn(*joined)
     try:
-        return float(value)
-    except OverflowError:  # an int beyond a float's range: infinite, as a float it would be
-        return math.inf if value > 0 else -math.inf
+        return as_float(value)  # an int beyond a float's range is infinite: it ranks nothing
     except (TypeError, ValueError) as error:
         raise TypeError(f"metric {name!r} returned {type(value).__name__}: it must return a "
                         "number") from error
